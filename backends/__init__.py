@@ -1,0 +1,1 @@
+"""Physical cluster backends implementing ``xinfra.backend``."""

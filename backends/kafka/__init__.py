@@ -1,0 +1,1 @@
+"""The Kafka backend of ``xinfra.backend``, on confluent-kafka."""

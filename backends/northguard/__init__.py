@@ -1,0 +1,1 @@
+"""Northguard: the replicated log storage system that ships with Xinfra (DESIGN.md §3)."""

@@ -1,0 +1,207 @@
+"""The one seam through which Northguard touches the world: time, timers, disk, network, randomness.
+
+Every broker, store and client component takes a ``Runtime`` and never calls
+``time``, ``random``, ``os`` or ``asyncio.open_connection`` directly.  Two
+implementations exist: ``RealRuntime`` here (asyncio, sockets, files) and the
+simulated one of the simulation issue, which runs a whole cluster in one
+thread with virtual time and a seeded random source.  Keeping the seam small
+is what makes the simulator possible: add to it only what cannot be built on it.
+
+Disk calls are synchronous on purpose: the fps store batches them (group
+commit) and runs one flush at a time in a worker thread, so a blocking
+``fsync`` never stalls the event loop and ordering on disk is the order of
+calls in one flush.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+ConnectionHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+class File(abc.ABC):
+    """A file opened for positional reads and writes."""
+
+    @abc.abstractmethod
+    def pwrite(self, data: bytes | memoryview, offset: int) -> None:
+        """Write all of ``data`` at ``offset`` (short writes are retried, never returned)."""
+
+    @abc.abstractmethod
+    def pread(self, size: int, offset: int) -> bytes:
+        """Up to ``size`` bytes at ``offset``; fewer only at end of file."""
+
+    @abc.abstractmethod
+    def fsync(self) -> None:
+        """Make every completed write durable.  Raises ``OSError`` on an I/O error."""
+
+    @abc.abstractmethod
+    def truncate(self, size: int) -> None: ...
+
+    @abc.abstractmethod
+    def size(self) -> int: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+
+class Disk(abc.ABC):
+    @abc.abstractmethod
+    def open(self, path: Path, *, create: bool = True, direct: bool = False) -> File:
+        """Open read-write.  ``direct`` asks for O_DIRECT; the file reports if it got it."""
+
+    @abc.abstractmethod
+    def exists(self, path: Path) -> bool: ...
+
+    @abc.abstractmethod
+    def remove(self, path: Path) -> None: ...
+
+    @abc.abstractmethod
+    def listdir(self, path: Path) -> list[str]: ...
+
+    @abc.abstractmethod
+    def makedirs(self, path: Path) -> None: ...
+
+    @abc.abstractmethod
+    def rename(self, source: Path, target: Path) -> None:
+        """Atomic rename, then fsync of the directory so the rename is durable."""
+
+
+class Network(abc.ABC):
+    @abc.abstractmethod
+    async def serve(self, host: str, port: int, handler: ConnectionHandler) -> asyncio.AbstractServer:
+        """Listen and run ``handler`` per connection until the server is closed."""
+
+    @abc.abstractmethod
+    async def connect(
+        self, host: str, port: int, timeout_s: float
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Open a connection; raise ``ConnectionError`` or ``TimeoutError``."""
+
+
+class Runtime(abc.ABC):
+    disk: Disk
+    network: Network
+    random: random.Random
+
+    @abc.abstractmethod
+    def wall_ms(self) -> int:
+        """Wall-clock milliseconds since the epoch: record timestamps, segment create times."""
+
+    @abc.abstractmethod
+    def monotonic_s(self) -> float:
+        """Seconds on a clock that never goes back: timeouts, ages, latencies."""
+
+    @abc.abstractmethod
+    async def sleep(self, seconds: float) -> None: ...
+
+    @abc.abstractmethod
+    def call_later(self, seconds: float, callback: Callable[[], None]) -> asyncio.TimerHandle: ...
+
+    @abc.abstractmethod
+    async def run_blocking(self, function: Callable[..., T], *args: Any) -> T:
+        """Run a blocking call (a disk flush) off the event loop and await it."""
+
+
+class _OsFile(File):
+    def __init__(self, fd: int, direct: bool) -> None:
+        self.fd = fd
+        self.direct = direct
+
+    def pwrite(self, data: bytes | memoryview, offset: int) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(self.fd, view, offset)
+            view = view[written:]
+            offset += written
+
+    def pread(self, size: int, offset: int) -> bytes:
+        return os.pread(self.fd, size, offset)
+
+    def fsync(self) -> None:
+        os.fsync(self.fd)
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self.fd, size)
+
+    def size(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class OsDisk(Disk):
+    def open(self, path: Path, *, create: bool = True, direct: bool = False) -> File:
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        if direct and hasattr(os, "O_DIRECT"):
+            try:
+                return _OsFile(os.open(path, flags | os.O_DIRECT, 0o644), direct=True)
+            except OSError:
+                pass  # tmpfs and some filesystems refuse O_DIRECT: fall back to buffered I/O
+        return _OsFile(os.open(path, flags, 0o644), direct=False)
+
+    def exists(self, path: Path) -> bool:
+        return path.exists()
+
+    def remove(self, path: Path) -> None:
+        path.unlink(missing_ok=True)
+
+    def listdir(self, path: Path) -> list[str]:
+        return sorted(os.listdir(path)) if path.exists() else []
+
+    def makedirs(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+
+    def rename(self, source: Path, target: Path) -> None:
+        os.replace(source, target)
+        fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class AsyncioNetwork(Network):
+    async def serve(self, host: str, port: int, handler: ConnectionHandler) -> asyncio.AbstractServer:
+        return await asyncio.start_server(handler, host, port, limit=1 << 20)
+
+    async def connect(
+        self, host: str, port: int, timeout_s: float
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.wait_for(asyncio.open_connection(host, port, limit=1 << 20), timeout_s)
+
+
+class RealRuntime(Runtime):
+    """The production runtime: the OS clock, files and sockets, a system-seeded random source."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        self.disk = OsDisk()
+        self.network = AsyncioNetwork()
+        self.random = random.Random(seed)
+
+    def wall_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    def monotonic_s(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    def call_later(self, seconds: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
+        return asyncio.get_running_loop().call_later(seconds, callback)
+
+    async def run_blocking(self, function: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(None, function, *args)

@@ -1,0 +1,1 @@
+"""Segment storage behind one interface (``base.SegmentStore``); the fps store is the primary one."""

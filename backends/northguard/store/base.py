@@ -1,0 +1,107 @@
+"""The storage interface of a Northguard broker: segments of opaque record batches.
+
+A broker stores, for each segment replica it holds, a contiguous sequence of
+**entries**.  An entry is one record batch exactly as the producer encoded it
+(opaque bytes), with the base offset the segment leader assigned and the
+number of records it holds.  The store never looks inside a batch; it frames
+each entry with its own header and CRC32C so that a flipped bit on disk is
+detected on read and on recovery and never served as data.
+
+Promises of every implementation:
+
+* ``append`` returns only after the entry is durable (fsynced): the broker
+  acknowledges a produce only then.  Appends to one segment take effect in
+  call order and their offsets are contiguous: entry *n+1* starts where
+  entry *n* ends (``base_offset + record_count``); the store asserts it.
+* A crash loses no entry whose ``append`` returned; after ``open()`` the log
+  end of each segment is the end of its last durable entry.
+* ``read`` returns whole entries, never torn ones, only entries that are
+  durable, and raises ``CorruptData`` instead of returning bad bytes.
+* A sealed segment refuses appends with ``Sealed``; sealing is durable.
+
+Offsets are **range** offsets: a segment's ``start_offset`` is where it begins
+in its range, so a reader never has to translate.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass
+
+
+class SegmentState(str, enum.Enum):
+    ACTIVE = "active"
+    SEALED = "sealed"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One stored record batch: ``batch`` is the producer's bytes, untouched."""
+
+    base_offset: int
+    record_count: int
+    batch: bytes
+
+    @property
+    def end_offset(self) -> int:
+        return self.base_offset + self.record_count
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    segment_id: str
+    start_offset: int
+    end_offset: int  # one past the last durable record
+    size_bytes: int
+    state: SegmentState
+    created_ms: int
+
+
+class SegmentStore(abc.ABC):
+    """Durable storage for the segment replicas one broker holds."""
+
+    @abc.abstractmethod
+    async def open(self) -> None:
+        """Recover: replay the write-ahead log, check CRCs, rebuild log ends."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Flush what is pending and release files.  Idempotent."""
+
+    @abc.abstractmethod
+    async def create_segment(self, segment_id: str, start_offset: int) -> SegmentInfo:
+        """Create an empty active segment, durably.  Idempotent for the same arguments."""
+
+    @abc.abstractmethod
+    async def append(self, segment_id: str, base_offset: int, record_count: int, batch: bytes) -> Entry:
+        """Append one batch at ``base_offset`` (must equal the segment's log end); durable on return.
+
+        Concurrent appends are grouped (group commit): one WAL write and one
+        fsync for many appends.  Raises ``Sealed``, ``NotFound`` or
+        ``StorageError`` (then nothing of this append is acknowledged).
+        """
+
+    @abc.abstractmethod
+    async def read(self, segment_id: str, offset: int, bytes_max: int) -> list[Entry]:
+        """Whole durable entries from the one holding ``offset`` on, up to about ``bytes_max``.
+
+        At least one entry when any exists at or after ``offset``; an empty
+        list at the log end.  Raises ``OffsetOutOfRange`` outside the segment,
+        ``CorruptData`` on a CRC mismatch.
+        """
+
+    @abc.abstractmethod
+    async def seal(self, segment_id: str, end_offset: int | None = None) -> SegmentInfo:
+        """Seal durably, first truncating to ``end_offset`` when given (never past the log end)."""
+
+    @abc.abstractmethod
+    async def delete_segment(self, segment_id: str) -> None:
+        """Remove the segment and its data (retention).  Idempotent."""
+
+    @abc.abstractmethod
+    def segment(self, segment_id: str) -> SegmentInfo:
+        """Raise ``NotFound`` when this store holds no such segment."""
+
+    @abc.abstractmethod
+    def segments(self) -> list[SegmentInfo]: ...

@@ -1,0 +1,185 @@
+"""The shared model: what the metadata service stores, the SDK reads and the CLI prints.
+
+Metadata objects are pydantic models (validated at every boundary, serialised
+to the REST API).  ``Record``, ``ConsumedRecord`` and ``Position`` sit on the
+data path, where a pydantic model per record would cost more than the I/O, so
+they are slotted frozen dataclasses; pydantic still validates them where they
+appear inside a model.
+
+Key ranges travel as pairs of decimal strings because 2**64 does not fit a
+JSON number safely.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator
+
+from xinfra.keyspace import KeyRange
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
+"""The one naming rule for clusters and topics: 1-200 characters of
+letters, digits, '.', '_' and '-', not starting with punctuation (Kafka's
+legal characters, minus a leading dot so no name collides with internal topics)."""
+
+_NAME_RE = re.compile(NAME_PATTERN)
+SHARD_COUNT_MAX = 4096
+
+
+def check_name(name: str, what: str = "name") -> str:
+    if not _NAME_RE.match(name):
+        raise ValueError(
+            f"{what} {name!r} is invalid: use 1-200 of [A-Za-z0-9._-], starting with a letter or digit"
+        )
+    return name
+
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN, min_length=1, max_length=200)]
+
+KeyRangeField = Annotated[
+    KeyRange,
+    PlainValidator(lambda v: v if isinstance(v, KeyRange) else KeyRange.from_json(v)),
+    PlainSerializer(lambda r: r.to_json(), return_type=list[str]),
+]
+
+
+class ClusterKind(str, enum.Enum):
+    KAFKA = "kafka"
+    NORTHGUARD = "northguard"
+
+
+class EpochState(str, enum.Enum):
+    ACTIVE = "active"  # producers write here
+    DUAL_WRITE = "dual_write"  # a migration target or source receiving mirrored writes
+    SEALED = "sealed"  # immutable; end offsets known
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PhysicalCluster(_Model):
+    """A Kafka or Northguard cluster that physically stores epochs."""
+
+    name: Name
+    kind: ClusterKind
+    bootstrap: str = Field(min_length=1, max_length=1000, description="host:port[,host:port...]")
+    attributes: dict[str, str] = Field(default_factory=dict)
+
+
+class VirtualCluster(_Model):
+    """A namespace of virtual topics that may span several physical clusters."""
+
+    name: Name
+    description: str = Field(default="", max_length=1000)
+
+
+class Shard(_Model):
+    """Shard *index* of an epoch: partition *index* on Kafka, the range with these bounds on Northguard."""
+
+    index: int = Field(ge=0, lt=SHARD_COUNT_MAX)
+    key_range: KeyRangeField
+
+
+class Epoch(_Model):
+    """One period of a virtual topic's history, stored on one physical cluster.
+
+    ``end_offsets`` is set once the epoch is sealed: shard index to the offset
+    one past its last record.  ``mirror_of`` names the epoch whose records this
+    one mirrors during a migration; readers skip the mirrored prefix.
+    """
+
+    number: int = Field(ge=0)
+    cluster: Name
+    physical_topic: str = Field(min_length=1, max_length=249)
+    shards: list[Shard]
+    state: EpochState = EpochState.ACTIVE
+    end_offsets: dict[int, int] | None = None
+    mirror_of: int | None = None
+
+
+class VirtualTopic(_Model):
+    virtual_cluster: Name
+    name: Name
+    config: dict[str, str] = Field(default_factory=dict)
+    sealed: bool = False
+
+
+class TopicMetadata(_Model):
+    """Everything a client needs to produce to and consume from a virtual topic.
+
+    ``version`` increases with every change; clients long-poll for a newer one
+    and report the version they run on.
+    """
+
+    topic: VirtualTopic
+    version: int = Field(ge=0)
+    epochs: list[Epoch]
+    clusters: dict[str, PhysicalCluster]
+
+    @property
+    def current_epoch(self) -> Epoch:
+        return self.epochs[-1]
+
+    @property
+    def write_epochs(self) -> list[Epoch]:
+        """The epochs a producer writes to: every unsealed one, oldest first (source before target)."""
+        return [epoch for epoch in self.epochs if epoch.state != EpochState.SEALED]
+
+
+Header = tuple[str, bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """What a producer writes: key, value and headers are opaque bytes."""
+
+    value: bytes | None
+    key: bytes | None = None
+    headers: tuple[Header, ...] = ()
+    timestamp_ms: int | None = None  # None: the producer stamps the send time
+
+    def size_bytes(self) -> int:
+        """Payload size used for batching limits and RecordTooLarge checks."""
+        size = len(self.key or b"") + len(self.value or b"")
+        for name, value in self.headers:
+            size += len(name) + len(value)
+        return size
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumedRecord:
+    """A record as read back from one shard of one physical topic, with its offset."""
+
+    shard: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Position:
+    """Where a consumer is in a virtual topic: the next offset to read in (epoch, shard)."""
+
+    epoch: int
+    shard: int
+    offset: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "shard": self.shard, "offset": self.offset}
+
+
+@dataclass(frozen=True, slots=True)
+class PhysicalTopicInfo:
+    """What a backend reports about one physical topic."""
+
+    name: str
+    shards: list[KeyRange]
+    config: dict[str, str] = field(default_factory=dict)
+    sealed: bool = False

@@ -1,0 +1,54 @@
+"""The one settings object.  Environment prefix ``XINFRA_``; every URL has a local default.
+
+The defaults are the embedded local stack that ``xinfra up`` runs, so that
+every command works on a fresh machine with no configuration.  Production sets
+the URLs (``XINFRA_DATABASE_URL=mysql+pymysql://...``, ``XINFRA_ZOOKEEPER=...``).
+Names carry their unit.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="XINFRA_", extra="ignore")
+
+    run_dir: Path = Field(
+        default=Path(".xinfra"), description="Where `xinfra up` keeps data and logs."
+    )
+
+    # The metadata service.
+    metadata_url: str = "http://127.0.0.1:8780"
+    token: str | None = None
+    virtual_cluster: str = "default"
+    database_url: str = "sqlite:///.xinfra/metadata.db"
+    zookeeper: str = "127.0.0.1:2181"
+    cache_url: str = "memory://"
+    """Checkpoint cache: memory://, redis://host:port/db or couchbase://host/bucket."""
+
+    # Physical clusters of the local stack.
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    northguard_bootstrap: str = "127.0.0.1:9470"
+
+    # Northguard broker defaults (DESIGN.md §3; each bound named with its unit).
+    segment_bytes_max: int = 1 << 30
+    segment_age_s_max: float = 3600.0
+    group_commit_ms: float = 10.0
+    group_commit_bytes_max: int = 10 << 20
+    group_commit_records_max: int = 20_000
+    frame_bytes_max: int = 16 << 20
+
+    # Client bounds.
+    request_timeout_s: float = 30.0
+    long_poll_s_max: float = 30.0
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read from the environment once."""
+    return Settings()
