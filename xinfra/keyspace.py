@@ -17,6 +17,7 @@ the shard of hash *h* is ``(h * N) >> 64``; the two agree for every *h*.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -139,7 +140,7 @@ def check_covering(ranges: Sequence[KeyRange]) -> None:
         raise ValueError("no ranges: the keyspace is not covered")
     if ranges[0].start != 0:
         raise ValueError(f"ranges start at {ranges[0].start}, not 0")
-    for previous, current in zip(ranges, ranges[1:], strict=False):
+    for previous, current in itertools.pairwise(ranges):
         if previous.end != current.start:
             raise ValueError(f"gap or overlap between {previous} and {current}")
     if ranges[-1].end != KEYSPACE_SIZE:

@@ -47,12 +47,12 @@ KeyRangeField = Annotated[
 ]
 
 
-class ClusterKind(str, enum.Enum):
+class ClusterKind(enum.StrEnum):
     KAFKA = "kafka"
     NORTHGUARD = "northguard"
 
 
-class EpochState(str, enum.Enum):
+class EpochState(enum.StrEnum):
     ACTIVE = "active"  # producers write here
     DUAL_WRITE = "dual_write"  # a migration target or source receiving mirrored writes
     SEALED = "sealed"  # immutable; end offsets known

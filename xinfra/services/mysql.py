@@ -15,8 +15,7 @@ from pathlib import Path
 import pymysql
 
 from xinfra.services.ports import free_port
-from xinfra.services.process import ManagedProcess, ServiceError
-from xinfra.services.process import which_any
+from xinfra.services.process import ManagedProcess, ServiceError, which_any
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 3306
@@ -37,8 +36,13 @@ class MysqlServer:
 
     def connect(self, database: str | None = None) -> pymysql.connections.Connection:
         return pymysql.connect(
-            host=self.host, port=self.port, user=self.user, password=self.password,
-            database=database, connect_timeout=3, autocommit=True,
+            host=self.host,
+            port=self.port,
+            user=self.user,
+            password=self.password,
+            database=database,
+            connect_timeout=3,
+            autocommit=True,
         )
 
     def create_database(self, name: str) -> str:
@@ -86,17 +90,33 @@ def start_mariadb(data_dir: Path, port: int | None = None) -> MysqlServer:
     if not (datadir / "mysql").exists():
         datadir.mkdir(parents=True, exist_ok=True)
         result = subprocess.run(
-            [install_db, "--no-defaults", f"--datadir={datadir}", "--auth-root-authentication-method=normal",
-             "--skip-test-db", f"--user={getpass.getuser()}"],
-            capture_output=True, text=True, check=False,
+            [
+                install_db,
+                "--no-defaults",
+                f"--datadir={datadir}",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+                f"--user={getpass.getuser()}",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if result.returncode != 0:
             raise ServiceError(f"mariadb-install-db failed:\n{result.stdout}\n{result.stderr}")
     process = ManagedProcess(
         name="mariadb",
-        argv=[str(server_binary), "--no-defaults", f"--datadir={datadir}", f"--port={port}",
-              "--bind-address=127.0.0.1", f"--socket={data_dir / 'mysqld.sock'}",
-              f"--user={getpass.getuser()}", "--skip-log-bin", "--innodb-buffer-pool-size=128M"],
+        argv=[
+            str(server_binary),
+            "--no-defaults",
+            f"--datadir={datadir}",
+            f"--port={port}",
+            "--bind-address=127.0.0.1",
+            f"--socket={data_dir / 'mysqld.sock'}",
+            f"--user={getpass.getuser()}",
+            "--skip-log-bin",
+            "--innodb-buffer-pool-size=128M",
+        ],
         log_path=data_dir / "mariadb.log",
         url=f"{DEFAULT_HOST}:{port}",
     )

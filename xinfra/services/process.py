@@ -7,6 +7,7 @@ group and waits for it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -100,10 +101,8 @@ class ManagedProcess:
     def _signal_group(self, signum: int) -> None:
         if self.popen is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def which_any(candidates: Sequence[str | Path]) -> Path | None:

@@ -34,7 +34,17 @@ def ensure_redis(run_dir: Path) -> tuple[str, ManagedProcess | None]:
     url = f"redis://127.0.0.1:{port}/0"
     process = ManagedProcess(
         name="redis",
-        argv=[binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        argv=[
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
         log_path=run_dir / "redis.log",
         url=url,
     )

@@ -47,11 +47,15 @@ def zookeeper_ok(host: str, port: int) -> bool:
         return False
 
 
-def start_zookeeper(data_dir: Path, port: int | None = None, log_dir: Path | None = None) -> ManagedProcess:
+def start_zookeeper(
+    data_dir: Path, port: int | None = None, log_dir: Path | None = None
+) -> ManagedProcess:
     """Start ZooKeeper and return once it answers; ``url`` is ``host:port`` for kazoo."""
     java = shutil.which("java")
     if java is None:
-        raise ServiceError("java not found: ZooKeeper needs a Java runtime (apt-get install default-jre-headless)")
+        raise ServiceError(
+            "java not found: ZooKeeper needs a Java runtime (apt-get install default-jre-headless)"
+        )
     port = port or free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     config = data_dir / "zoo.cfg"
