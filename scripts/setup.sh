@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Install what Xinfra needs on a fresh Debian machine, idempotently:
+# system packages (as root, only those missing) and the virtual environment at .venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)        # ZooKeeper
+command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)     # validates docker-compose.yml
+command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || need_apt+=(mariadb-server)
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "setup: installing ${need_apt[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q >/dev/null
+    apt-get install -y -q --no-install-recommends "${need_apt[@]}" >/dev/null
+  else
+    echo "setup: missing system packages: ${need_apt[*]} (run as root or: sudo apt-get install ${need_apt[*]})" >&2
+  fi
+fi
+
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv" >&2
+  "$python" -m venv .venv
+fi
+stamp=.venv/.xinfra-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "setup: installing xinfra with its dev extra into .venv (a minute or two the first time)" >&2
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  touch "$stamp"
+fi
