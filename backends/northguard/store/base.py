@@ -30,7 +30,7 @@ import enum
 from dataclasses import dataclass
 
 
-class SegmentState(str, enum.Enum):
+class SegmentState(enum.StrEnum):
     ACTIVE = "active"
     SEALED = "sealed"
 
