@@ -78,7 +78,9 @@ class Disk(abc.ABC):
 
 class Network(abc.ABC):
     @abc.abstractmethod
-    async def serve(self, host: str, port: int, handler: ConnectionHandler) -> asyncio.AbstractServer:
+    async def serve(
+        self, host: str, port: int, handler: ConnectionHandler
+    ) -> asyncio.AbstractServer:
         """Listen and run ``handler`` per connection until the server is closed."""
 
     @abc.abstractmethod
@@ -174,7 +176,9 @@ class OsDisk(Disk):
 
 
 class AsyncioNetwork(Network):
-    async def serve(self, host: str, port: int, handler: ConnectionHandler) -> asyncio.AbstractServer:
+    async def serve(
+        self, host: str, port: int, handler: ConnectionHandler
+    ) -> asyncio.AbstractServer:
         return await asyncio.start_server(handler, host, port, limit=1 << 20)
 
     async def connect(

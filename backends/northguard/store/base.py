@@ -74,7 +74,9 @@ class SegmentStore(abc.ABC):
         """Create an empty active segment, durably.  Idempotent for the same arguments."""
 
     @abc.abstractmethod
-    async def append(self, segment_id: str, base_offset: int, record_count: int, batch: bytes) -> Entry:
+    async def append(
+        self, segment_id: str, base_offset: int, record_count: int, batch: bytes
+    ) -> Entry:
         """Append one batch at ``base_offset`` (must equal the segment's log end); durable on return.
 
         Concurrent appends are grouped (group commit): one WAL write and one
