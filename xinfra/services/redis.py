@@ -27,10 +27,16 @@ def ensure_redis(run_dir: Path) -> tuple[str, ManagedProcess | None]:
     default = "redis://127.0.0.1:6379/0"
     if redis_answers(default):
         return default, None
+    process = start_redis(run_dir)
+    return process.url, process
+
+
+def start_redis(run_dir: Path, port: int | None = None) -> ManagedProcess:
+    """A private, memory-only redis-server on a free port; ``url`` is its redis:// URL."""
     binary = shutil.which("redis-server")
     if binary is None:
-        raise ServiceError("no Redis answers at 127.0.0.1:6379 and redis-server is not installed")
-    port = free_port()
+        raise ServiceError("redis-server is not installed (apt-get install redis-server)")
+    port = port or free_port()
     url = f"redis://127.0.0.1:{port}/0"
     process = ManagedProcess(
         name="redis",
@@ -48,5 +54,4 @@ def ensure_redis(run_dir: Path) -> tuple[str, ManagedProcess | None]:
         log_path=run_dir / "redis.log",
         url=url,
     )
-    process.start().wait_ready(lambda: redis_answers(url), timeout_s=30)
-    return url, process
+    return process.start().wait_ready(lambda: redis_answers(url), timeout_s=30)
