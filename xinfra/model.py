@@ -183,3 +183,26 @@ class PhysicalTopicInfo:
     shards: list[KeyRange]
     config: dict[str, str] = field(default_factory=dict)
     sealed: bool = False
+
+
+MIRROR_HEADER = "xinfra.mirror"
+"""Header a migration target record carries: the source position it mirrors.
+
+Readers crossing from a source epoch into the epoch that mirrors it skip every
+record whose mirrored source offset is below the source's end offset: those
+records were already delivered from the source.  This is what makes the
+read-through exact (no loss, no duplicate) across a dual-write migration.
+"""
+
+
+def mirror_header(source: Position) -> Header:
+    return (MIRROR_HEADER, f"{source.epoch}:{source.shard}:{source.offset}".encode())
+
+
+def mirrored_position(headers: tuple[Header, ...]) -> Position | None:
+    """The source position a mirrored record carries, or None for an ordinary record."""
+    for name, value in headers:
+        if name == MIRROR_HEADER:
+            epoch, shard, offset = value.split(b":")
+            return Position(int(epoch), int(shard), int(offset))
+    return None

@@ -1,0 +1,364 @@
+"""``XinfraConsumer``: read shards of virtual topics through their epochs.
+
+A position is (epoch, shard, offset): the next record to read.  Each assigned
+(topic, shard) has one cursor.  When the cursor's epoch is sealed and the
+cursor reaches the epoch's end offset for the shard, it moves to the same
+shard of the next epoch, at that epoch's first retained offset; if the next
+epoch mirrors the one left (a migration's target), records that carry a
+mirrored source offset below the source's end are skipped, because they were
+already delivered from the source.  So a consumer that reads a topic from the
+beginning gets every record once, in per-shard (hence per-key) order, across
+every epoch boundary.
+
+Records past a sealed epoch's end offset (a Kafka topic takes writes after a
+virtual seal) are never delivered: the end offsets in the metadata are the
+truth.
+
+Delivery is at least once: positions move when ``poll`` returns records, and
+``commit`` hands them to a ``CommitSink`` (the consumer-group issue plugs the
+service's checkpoint store in there).  Pause and resume are per shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from clients.metadata import MetadataSource, TopicWatch
+from clients.pool import BackendPool
+from xinfra.backend import ShardReader
+from xinfra.errors import InvalidRequest, ShardOutOfRange, XinfraError
+from xinfra.model import (
+    ConsumedRecord,
+    Epoch,
+    EpochState,
+    Header,
+    Position,
+    TopicMetadata,
+    mirrored_position,
+)
+
+StartAt = Literal["earliest", "latest"]
+POLL_SLICE_S = 0.05
+"""How long one reader is polled before the next gets its turn, when several are active."""
+
+
+@dataclass(frozen=True, slots=True)
+class XinfraRecord:
+    topic: str
+    position: Position
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...]
+
+
+class CommitSink(Protocol):
+    async def commit(self, positions: dict[tuple[str, int], Position]) -> None: ...
+
+
+@dataclass(slots=True)
+class _Cursor:
+    topic: str
+    shard: int
+    epoch: int
+    offset: int
+    paused: bool = False
+    mirror_source: tuple[int, int] | None = None
+    """(source epoch, its end offset): skip mirrored records below it after crossing into a mirror."""
+    moved: bool = True
+    """Sought or advanced since its reader was last assigned: the reader must restart from ``offset``."""
+
+    @property
+    def position(self) -> Position:
+        return Position(self.epoch, self.shard, self.offset)
+
+
+class XinfraConsumer:
+    """An asyncio consumer with manual shard assignment."""
+
+    def __init__(
+        self,
+        source: MetadataSource,
+        pool: BackendPool | None = None,
+        commit_sink: CommitSink | None = None,
+    ) -> None:
+        self.source = source
+        self.pool = pool or BackendPool()
+        self.commit_sink = commit_sink
+        self._watches: dict[str, TopicWatch] = {}
+        self._cursors: dict[tuple[str, int], _Cursor] = {}
+        self._readers: dict[tuple[str, int], ShardReader] = {}
+        self._reader_assignment: dict[tuple[str, int], dict[int, int]] = {}
+        self._turn = 0
+        self._closed = False
+
+    # -- metadata --------------------------------------------------------------------------
+
+    async def metadata(self, topic: str) -> TopicMetadata:
+        watch = self._watches.get(topic)
+        if watch is None:
+            metadata = await self.source.topic_metadata(topic)
+            watch = TopicWatch(self.source, metadata, on_change=lambda m: None)
+            watch.start()
+            self._watches[topic] = watch
+            with contextlib.suppress(XinfraError):
+                await self.source.acknowledge(topic, metadata.version)
+        return watch.current
+
+    # -- assignment and seeking ------------------------------------------------------------
+
+    async def assign(
+        self, topic: str, shards: Sequence[int] | None = None, start: StartAt | int = "earliest"
+    ) -> None:
+        """Read these shards of ``topic`` (all when None), from the earliest, the latest, or a timestamp (ms)."""
+        metadata = await self.metadata(topic)
+        count = len(metadata.current_epoch.shards)
+        shards = list(range(count)) if shards is None else list(shards)
+        for shard in shards:
+            if not 0 <= shard < count:
+                raise ShardOutOfRange(
+                    f"shard {shard} is out of range for {topic!r} with {count} shards"
+                )
+        for shard in shards:
+            self._cursors[(topic, shard)] = _Cursor(topic, shard, metadata.epochs[0].number, 0)
+        if start == "earliest":
+            await self.seek_to_beginning(topic, shards)
+        elif start == "latest":
+            await self.seek_to_end(topic, shards)
+        else:
+            await self.seek_to_timestamp(topic, start, shards)
+
+    def unassign(self, topic: str, shards: Iterable[int] | None = None) -> None:
+        for key in [
+            k for k in self._cursors if k[0] == topic and (shards is None or k[1] in set(shards))
+        ]:
+            del self._cursors[key]
+
+    def assignment(self) -> list[tuple[str, int]]:
+        return sorted(self._cursors)
+
+    def seek(self, topic: str, position: Position) -> None:
+        cursor = self._cursor(topic, position.shard)
+        cursor.epoch, cursor.offset, cursor.mirror_source = position.epoch, position.offset, None
+        cursor.moved = True
+
+    async def seek_to_beginning(self, topic: str, shards: Sequence[int] | None = None) -> None:
+        metadata = await self.metadata(topic)
+        first = metadata.epochs[0]
+        starts = await self._reader(topic, metadata, first).start_offsets(
+            self._shards(topic, shards)
+        )
+        for shard, offset in starts.items():
+            self.seek(topic, Position(first.number, shard, offset))
+
+    async def seek_to_end(self, topic: str, shards: Sequence[int] | None = None) -> None:
+        metadata = await self.metadata(topic)
+        last = metadata.current_epoch
+        ends = await self._end_offsets(topic, metadata, last, self._shards(topic, shards))
+        for shard, offset in ends.items():
+            self.seek(topic, Position(last.number, shard, offset))
+
+    async def seek_to_timestamp(
+        self, topic: str, timestamp_ms: int, shards: Sequence[int] | None = None
+    ) -> None:
+        """The first record at or after ``timestamp_ms``, searching the epochs oldest first."""
+        metadata = await self.metadata(topic)
+        for shard in self._shards(topic, shards):
+            for epoch in metadata.epochs:
+                reader = self._reader(topic, metadata, epoch)
+                offset = await reader.offset_for_timestamp(shard, timestamp_ms)
+                end = (await self._end_offsets(topic, metadata, epoch, [shard]))[shard]
+                if offset < end or epoch is metadata.current_epoch:
+                    self.seek(topic, Position(epoch.number, shard, min(offset, end)))
+                    break
+
+    def pause(self, topic: str, shards: Iterable[int]) -> None:
+        for shard in shards:
+            self._cursor(topic, shard).paused = True
+
+    def resume(self, topic: str, shards: Iterable[int]) -> None:
+        for shard in shards:
+            self._cursor(topic, shard).paused = False
+
+    def positions(self) -> dict[tuple[str, int], Position]:
+        return {key: cursor.position for key, cursor in self._cursors.items()}
+
+    async def commit(self) -> dict[tuple[str, int], Position]:
+        """Hand the current positions to the commit sink (at-least-once after ``poll``)."""
+        if self.commit_sink is None:
+            raise InvalidRequest("no commit sink: join a consumer group or pass commit_sink=")
+        positions = self.positions()
+        await self.commit_sink.commit(positions)
+        return positions
+
+    # -- polling ---------------------------------------------------------------------------
+
+    async def poll(self, max_records: int = 1000, timeout_s: float = 1.0) -> list[XinfraRecord]:
+        """Up to ``max_records`` records from the assigned shards, each shard in order, through epochs."""
+        if self._closed:
+            raise InvalidRequest("the consumer is closed")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            await self._advance_epochs()
+            active = self._sync_readers()
+            if active:
+                self._turn = (self._turn + 1) % len(active)
+                ordered = active[self._turn :] + active[: self._turn]
+                slice_s = POLL_SLICE_S if len(active) > 1 else max(0.0, deadline - loop.time())
+                out: list[XinfraRecord] = []
+                for key in ordered:
+                    remaining = max_records - len(out)
+                    if remaining <= 0:
+                        break
+                    raw = await self._readers[key].poll(
+                        remaining, min(slice_s, max(0.0, deadline - loop.time()))
+                    )
+                    out.extend(self._accept(key, raw))
+                if out:
+                    return out
+            elif loop.time() < deadline:
+                await asyncio.sleep(min(POLL_SLICE_S, deadline - loop.time()))
+            if loop.time() >= deadline:
+                return []
+
+    def _accept(self, key: tuple[str, int], raw: Sequence[ConsumedRecord]) -> list[XinfraRecord]:
+        topic, epoch_number = key
+        metadata = self._watches[topic].current
+        epoch = _epoch(metadata, epoch_number)
+        out: list[XinfraRecord] = []
+        for record in raw:
+            shard, offset = record.shard, record.offset
+            cursor = self._cursors.get((topic, shard))
+            if (
+                cursor is None
+                or cursor.paused
+                or cursor.epoch != epoch_number
+                or offset < cursor.offset
+            ):
+                continue  # unassigned, paused, moved on, or already delivered
+            if epoch.end_offsets is not None and offset >= epoch.end_offsets.get(shard, 0):
+                continue  # written after the virtual seal: not part of the topic
+            cursor.offset = offset + 1
+            headers = record.headers
+            if cursor.mirror_source is not None:
+                mirrored = mirrored_position(headers)
+                if mirrored is not None and mirrored.epoch == cursor.mirror_source[0]:
+                    if mirrored.offset < cursor.mirror_source[1]:
+                        continue  # delivered from the source epoch already
+                    cursor.mirror_source = None  # past the mirrored prefix
+            out.append(
+                XinfraRecord(
+                    topic,
+                    Position(epoch_number, shard, offset),
+                    record.timestamp_ms,
+                    record.key,
+                    record.value,
+                    headers,
+                )
+            )
+        return out
+
+    async def _advance_epochs(self) -> None:
+        """Move every cursor that finished a sealed epoch into the next epoch."""
+        for cursor in self._cursors.values():
+            metadata = self._watches[cursor.topic].current
+            while True:
+                epoch = _epoch(metadata, cursor.epoch)
+                if epoch.state != EpochState.SEALED or epoch.end_offsets is None:
+                    break
+                if cursor.offset < epoch.end_offsets.get(cursor.shard, 0):
+                    break
+                following = [e for e in metadata.epochs if e.number > epoch.number]
+                if not following:
+                    break
+                nxt = following[0]
+                if nxt.shards[cursor.shard].key_range != epoch.shards[cursor.shard].key_range:
+                    raise InvalidRequest(
+                        f"epochs {epoch.number} and {nxt.number} of {cursor.topic!r} have different shard "
+                        "ranges; reading through a reshard is not supported"
+                    )
+                start = await self._reader(cursor.topic, metadata, nxt).start_offsets(
+                    [cursor.shard]
+                )
+                cursor.mirror_source = (
+                    (epoch.number, epoch.end_offsets.get(cursor.shard, 0))
+                    if nxt.mirror_of == epoch.number
+                    else None
+                )
+                cursor.epoch, cursor.offset = nxt.number, start[cursor.shard]
+                cursor.moved = True
+
+    def _sync_readers(self) -> list[tuple[str, int]]:
+        """Give each (topic, epoch) reader exactly the unpaused cursors in that epoch."""
+        wanted: dict[tuple[str, int], dict[int, int]] = {}
+        moved: set[tuple[str, int]] = set()
+        for cursor in self._cursors.values():
+            if not cursor.paused:
+                key = (cursor.topic, cursor.epoch)
+                wanted.setdefault(key, {})[cursor.shard] = cursor.offset
+                if cursor.moved:
+                    moved.add(key)
+                    cursor.moved = False
+        for key, reader in self._readers.items():
+            positions = wanted.get(key, {})
+            current = self._reader_assignment.get(key)
+            if current is None or current.keys() != positions.keys() or key in moved:
+                reader.assign(positions)
+                self._reader_assignment[key] = dict(positions)
+        for key, positions in wanted.items():
+            if key not in self._readers:
+                topic, number = key
+                metadata = self._watches[topic].current
+                reader = self._reader(topic, metadata, _epoch(metadata, number))
+                reader.assign(positions)
+                self._reader_assignment[key] = dict(positions)
+        return [key for key in self._readers if wanted.get(key)]
+
+    def _reader(self, topic: str, metadata: TopicMetadata, epoch: Epoch) -> ShardReader:
+        key = (topic, epoch.number)
+        reader = self._readers.get(key)
+        if reader is None:
+            reader = self.pool.reader(metadata.clusters[epoch.cluster], epoch.physical_topic)
+            self._readers[key] = reader
+        return reader
+
+    async def _end_offsets(
+        self, topic: str, metadata: TopicMetadata, epoch: Epoch, shards: Sequence[int]
+    ) -> dict[int, int]:
+        if epoch.state == EpochState.SEALED and epoch.end_offsets is not None:
+            return {shard: epoch.end_offsets.get(shard, 0) for shard in shards}
+        return await self._reader(topic, metadata, epoch).end_offsets(shards)
+
+    def _cursor(self, topic: str, shard: int) -> _Cursor:
+        cursor = self._cursors.get((topic, shard))
+        if cursor is None:
+            raise InvalidRequest(f"shard {shard} of {topic!r} is not assigned to this consumer")
+        return cursor
+
+    def _shards(self, topic: str, shards: Sequence[int] | None) -> list[int]:
+        if shards is None:
+            return sorted(shard for t, shard in self._cursors if t == topic)
+        return list(shards)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for reader in self._readers.values():
+            await reader.close()
+        self._readers.clear()
+        for watch in self._watches.values():
+            await watch.close()
+        await self.pool.close()
+
+
+def _epoch(metadata: TopicMetadata, number: int) -> Epoch:
+    for epoch in metadata.epochs:
+        if epoch.number == number:
+            return epoch
+    raise InvalidRequest(f"epoch {number} of {metadata.topic.name!r} is no longer in its metadata")

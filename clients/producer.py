@@ -1,0 +1,363 @@
+"""``XinfraProducer``: produce to a virtual topic or to one of its shards.
+
+The data path reads straight through: ``send`` routes the record to a shard
+(key → shard by ``xinfra.keyspace``; keyless records stick to one shard per
+batch, then rotate), the shard's queue lingers into a batch, and the batch goes
+to ``ShardProducer.send`` of every write epoch, oldest first (during a
+migration: source first, then the target, carrying the source positions it
+mirrors).  The record's future resolves to its position in the first write
+epoch.
+
+Promises:
+
+* **Per-shard order**, also across retries: each (topic, shard) has one batch
+  in flight at a time, and a failed batch is retried before the next is sent.
+* **At least once**: a retried batch may be stored twice (the backend said it
+  may or may not have it); the SDK never drops one it was not told failed.
+* **Bounded memory**: at most ``buffer_bytes_max`` payload bytes wait; ``send``
+  waits for room up to ``send_timeout_s``, then raises ``Backpressure``.
+* ``flush`` returns when every record sent before it is acknowledged or
+  failed; ``close`` flushes first and loses nothing.
+* Metadata changes (a new epoch, a sealed one) are followed without a restart:
+  a batch refused with ``Sealed`` waits for the next metadata version and
+  goes to the new write epochs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from clients.metadata import MetadataSource, TopicWatch
+from clients.pool import BackendPool
+from xinfra.backend import ProducerOptions
+from xinfra.errors import (
+    Backpressure,
+    InvalidRequest,
+    RecordTooLarge,
+    Sealed,
+    ShardOutOfRange,
+    Timeout,
+    XinfraError,
+)
+from xinfra.keyspace import shard_of_key_in
+from xinfra.model import Epoch, Header, Position, Record, TopicMetadata, mirror_header
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class XinfraProducerOptions:
+    linger_ms: float = 5.0
+    batch_records_max: int = 5_000
+    batch_bytes_max: int = 1 << 20
+    buffer_bytes_max: int = 64 << 20
+    record_bytes_max: int = 1 << 20
+    send_timeout_s: float = 30.0
+    """How long ``send`` waits for buffer room before ``Backpressure``."""
+    delivery_timeout_s: float = 120.0
+    """How long a batch is retried before its records fail with ``Timeout``."""
+    retry_backoff_s_max: float = 2.0
+
+    def backend_options(self) -> ProducerOptions:
+        # The SDK batches; the backend should send what it gets at once.
+        return ProducerOptions(
+            linger_ms=1.0,
+            batch_bytes_max=self.batch_bytes_max,
+            buffer_bytes_max=self.buffer_bytes_max,
+            record_bytes_max=self.record_bytes_max,
+        )
+
+
+@dataclass(slots=True)
+class _Queued:
+    record: Record
+    future: asyncio.Future[Position]
+    size: int
+
+
+@dataclass
+class _ShardQueue:
+    """Records waiting for one shard of one topic, and the one task that sends them."""
+
+    topic: str
+    shard: int
+    items: list[_Queued] = field(default_factory=list)
+    bytes: int = 0
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+class XinfraProducer:
+    """An asyncio producer over virtual topics.  Create with ``await XinfraProducer.start(...)``."""
+
+    def __init__(
+        self,
+        source: MetadataSource,
+        options: XinfraProducerOptions | None = None,
+        pool: BackendPool | None = None,
+    ) -> None:
+        self.source = source
+        self.options = options or XinfraProducerOptions()
+        self.pool = pool or BackendPool(producer_options=self.options.backend_options())
+        self._watches: dict[str, TopicWatch] = {}
+        self._watch_lock = asyncio.Lock()
+        self._queues: dict[tuple[str, int], _ShardQueue] = {}
+        self._sticky: dict[str, itertools.cycle[int]] = {}
+        self._sticky_shard: dict[str, int] = {}
+        self._unacknowledged: set[asyncio.Future[Position]] = set()
+        self._buffered_bytes = 0
+        self._room = asyncio.Condition()
+        self._closed = False
+
+    # -- metadata --------------------------------------------------------------------------
+
+    async def metadata(self, topic: str) -> TopicMetadata:
+        """The metadata this producer runs on for ``topic`` (fetched and watched on first use)."""
+        watch = self._watches.get(topic)
+        if watch is None:
+            async with self._watch_lock:
+                watch = self._watches.get(topic)
+                if watch is None:
+                    metadata = await self.source.topic_metadata(topic)
+                    watch = TopicWatch(self.source, metadata, on_change=lambda m: None)
+                    watch.start()
+                    self._watches[topic] = watch
+                    with contextlib.suppress(XinfraError):
+                        await self.source.acknowledge(topic, metadata.version)
+        return watch.current
+
+    # -- sending ---------------------------------------------------------------------------
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[Header] = (),
+        timestamp_ms: int | None = None,
+        shard: int | None = None,
+    ) -> asyncio.Future[Position]:
+        """Queue one record; the returned future resolves to its position once it is committed.
+
+        Raises at once ``TopicNotFound``, ``ShardOutOfRange``, ``RecordTooLarge``,
+        ``Backpressure`` (after ``send_timeout_s``) or ``InvalidRequest`` (closed).
+        """
+        if self._closed:
+            raise InvalidRequest("the producer is closed")
+        record = Record(value=value, key=key, headers=tuple(headers), timestamp_ms=timestamp_ms)
+        size = record.size_bytes()
+        if size > self.options.record_bytes_max:
+            raise RecordTooLarge(
+                f"record of {size} bytes exceeds record_bytes_max={self.options.record_bytes_max}"
+            )
+        metadata = await self.metadata(topic)
+        shard = self._route(metadata, record, shard)
+        await self._reserve(size)
+        future: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
+        self._unacknowledged.add(future)
+        future.add_done_callback(self._unacknowledged.discard)
+        queue = self._queue(topic, shard)
+        queue.items.append(_Queued(record, future, size))
+        queue.bytes += size
+        if (
+            len(queue.items) >= self.options.batch_records_max
+            or queue.bytes >= self.options.batch_bytes_max
+        ):
+            queue.wakeup.set()
+        elif len(queue.items) == 1:
+            queue.wakeup.set()  # start the linger clock
+        return future
+
+    async def produce(self, topic: str, value: bytes | None, **kwargs: object) -> Position:
+        """``send`` and wait for the position."""
+        return await (await self.send(topic, value, **kwargs))  # type: ignore[arg-type]
+
+    def _route(self, metadata: TopicMetadata, record: Record, shard: int | None) -> int:
+        epoch = metadata.current_epoch
+        count = len(epoch.shards)
+        if shard is not None:
+            if not 0 <= shard < count:
+                raise ShardOutOfRange(
+                    f"shard {shard} is out of range for topic {metadata.topic.name!r} with {count} shards"
+                )
+            return shard
+        if record.key is not None:
+            return shard_of_key_in(record.key, [s.key_range for s in epoch.shards])
+        topic = metadata.topic.name
+        sticky = self._sticky_shard.get(topic)
+        if sticky is None or sticky >= count:
+            sticky = self._next_sticky(topic, count)
+        return sticky
+
+    def _next_sticky(self, topic: str, count: int) -> int:
+        cycle = self._sticky.get(topic)
+        if cycle is None:
+            start = hash(id(self)) % count
+            cycle = itertools.cycle([(start + i) % count for i in range(count)])
+            self._sticky[topic] = cycle
+        shard = next(cycle) % count
+        self._sticky_shard[topic] = shard
+        return shard
+
+    async def _reserve(self, size: int) -> None:
+        if self._buffered_bytes + size <= self.options.buffer_bytes_max:
+            self._buffered_bytes += size
+            return
+        async with self._room:
+            try:
+                await asyncio.wait_for(
+                    self._room.wait_for(
+                        lambda: self._buffered_bytes + size <= self.options.buffer_bytes_max
+                    ),
+                    self.options.send_timeout_s,
+                )
+            except TimeoutError:
+                raise Backpressure(
+                    f"{self._buffered_bytes} bytes await acknowledgement (buffer_bytes_max="
+                    f"{self.options.buffer_bytes_max}); slow down or raise the limit"
+                ) from None
+            self._buffered_bytes += size
+
+    async def _release(self, size: int) -> None:
+        self._buffered_bytes -= size
+        async with self._room:
+            self._room.notify_all()
+
+    def _queue(self, topic: str, shard: int) -> _ShardQueue:
+        queue = self._queues.get((topic, shard))
+        if queue is None:
+            queue = _ShardQueue(topic, shard)
+            queue.task = asyncio.get_running_loop().create_task(
+                self._sender(queue), name=f"producer:{topic}:{shard}"
+            )
+            self._queues[(topic, shard)] = queue
+        return queue
+
+    async def _sender(self, queue: _ShardQueue) -> None:
+        """Linger, take a batch, deliver it to every write epoch; one batch in flight per shard."""
+        linger_s = self.options.linger_ms / 1000
+        while True:
+            await queue.wakeup.wait()
+            if not queue.items:
+                queue.wakeup.clear()
+                if self._closed:
+                    return
+                continue
+            full = (
+                len(queue.items) >= self.options.batch_records_max
+                or queue.bytes >= self.options.batch_bytes_max
+            )
+            if not full and not self._closed and linger_s > 0:
+                queue.wakeup.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(queue.wakeup.wait(), linger_s)
+            batch = queue.items[: self.options.batch_records_max]
+            del queue.items[: len(batch)]
+            batch_bytes = sum(item.size for item in batch)
+            queue.bytes -= batch_bytes
+            if self._sticky_shard.get(queue.topic) == queue.shard:
+                count = len(self._watches[queue.topic].current.current_epoch.shards)
+                self._next_sticky(queue.topic, count)
+            if not queue.items:
+                queue.wakeup.clear()
+            try:
+                await self._deliver(queue.topic, queue.shard, batch)
+            finally:
+                await self._release(batch_bytes)
+
+    async def _deliver(self, topic: str, shard: int, batch: list[_Queued]) -> None:
+        """Write the batch to each write epoch in order, retrying what failed, until the deadline."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.delivery_timeout_s
+        records = [item.record for item in batch]
+        done_epochs: set[int] = set()
+        first: list[Position] | None = None
+        backoff_s = 0.05
+        while True:
+            watch = self._watches[topic]
+            metadata = watch.current
+            changed = watch.changed
+            try:
+                for epoch in metadata.write_epochs:
+                    if epoch.number in done_epochs:
+                        continue
+                    positions = await self._write(metadata, epoch, shard, records, first)
+                    done_epochs.add(epoch.number)
+                    if first is None:
+                        first = positions
+                assert first is not None, "a topic always has a write epoch"
+                for item, position in zip(batch, first, strict=True):
+                    if not item.future.done():
+                        item.future.set_result(position)
+                return
+            except Sealed:
+                # The epoch was sealed under us: the next metadata version names the new one.
+                timeout_s = deadline - loop.time()
+                if timeout_s > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(changed.wait(), timeout_s)
+            except XinfraError as error:
+                if not error.retriable or loop.time() >= deadline:
+                    self._fail(batch, error)
+                    return
+                log.info("producer %s/%s: %s; retrying in %.2f s", topic, shard, error, backoff_s)
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, self.options.retry_backoff_s_max)
+            if loop.time() >= deadline:
+                self._fail(batch, Timeout(f"batch for {topic}/{shard} not acknowledged in time"))
+                return
+
+    async def _write(
+        self,
+        metadata: TopicMetadata,
+        epoch: Epoch,
+        shard: int,
+        records: list[Record],
+        source: list[Position] | None,
+    ) -> list[Position]:
+        if source is not None and epoch.mirror_of is not None:
+            records = [
+                replace(record, headers=(*record.headers, mirror_header(position)))
+                for record, position in zip(records, source, strict=True)
+            ]
+        producer = self.pool.producer(metadata.clusters[epoch.cluster], epoch.physical_topic)
+        offsets = await producer.send(shard, records)
+        return [Position(epoch.number, shard, offset) for offset in offsets]
+
+    @staticmethod
+    def _fail(batch: list[_Queued], error: Exception) -> None:
+        for item in batch:
+            if not item.future.done():
+                item.future.set_exception(error)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        """Return when every record sent before this call is acknowledged or failed."""
+        futures = list(self._unacknowledged)
+        for queue in self._queues.values():
+            queue.wakeup.set()
+        if futures:
+            await asyncio.wait(futures)
+        await self.pool.flush()
+
+    async def close(self) -> None:
+        """Flush, stop the watches and senders, close connections.  Idempotent."""
+        if self._closed:
+            return
+        await self.flush()
+        self._closed = True
+        for queue in self._queues.values():
+            queue.wakeup.set()
+        tasks = [queue.task for queue in self._queues.values() if queue.task is not None]
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for watch in self._watches.values():
+            await watch.close()
+        await self.pool.close()
