@@ -1,0 +1,168 @@
+"""The write-ahead log: every flush's frames, written and fsynced before any segment file is touched.
+
+Files are ``<data_dir>/wal/<sequence>.wal``, appended with buffered I/O and
+rolled when the next group would take the current one past
+``file_bytes_max``.  A file is **retired** when a newer one exists: every
+flush applies all it wrote to the segment files and the offset index before
+it ends, so a retired file holds nothing recovery needs once the index is
+synced, and it is removed then (``remove_retired``).
+
+Replay distinguishes a **torn tail** (the last frame of the last flush cut by
+a crash; that flush was never acknowledged, so it is dropped quietly) from
+**corruption** (a frame whose CRC fails with valid frames after it: data that
+may have been acknowledged).  Corruption is logged as an error, the damaged
+frame is skipped, and the file is kept as ``<name>.corrupt`` for inspection.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from backends.northguard.runtime import Disk, File
+from backends.northguard.store.framing import Frame, FrameStatus, decode_frame
+
+log = logging.getLogger(__name__)
+SUFFIX = ".wal"
+
+
+def create_durably(disk: Disk, path: Path) -> None:
+    """Create an empty file whose directory entry survives power loss (rename fsyncs the directory)."""
+    temporary = path.with_name(path.name + ".tmp")
+    handle = disk.open(temporary)
+    try:
+        handle.truncate(0)
+        handle.fsync()
+    finally:
+        handle.close()
+    disk.rename(temporary, path)
+
+
+@dataclass
+class ReplayReport:
+    frames: int = 0
+    torn_bytes: int = 0
+    corrupt_frames: int = 0
+    corrupt_files: list[Path] = field(default_factory=list)
+
+
+class WriteAheadLog:
+    def __init__(self, disk: Disk, directory: Path, *, file_bytes_max: int) -> None:
+        assert file_bytes_max > 0
+        self._disk = disk
+        self._directory = directory
+        self._file_bytes_max = file_bytes_max
+        self._sequence = 0
+        self._file: File | None = None
+        self._position = 0
+        self._retired: list[Path] = []
+
+    def existing(self) -> list[Path]:
+        return [
+            self._directory / name
+            for name in self._disk.listdir(self._directory)
+            if name.endswith(SUFFIX)
+        ]
+
+    def replay(self, path: Path, report: ReplayReport) -> Iterator[Frame]:
+        """The valid frames of one file, in order; torn tails and corruption are logged, never yielded."""
+        handle = self._disk.open(path, create=False)
+        try:
+            data = handle.pread(handle.size(), 0)
+        finally:
+            handle.close()
+        position = 0
+        corrupt = False
+        while True:
+            decoded = decode_frame(data, position)
+            if decoded.status is FrameStatus.END:
+                break
+            if decoded.status is FrameStatus.OK:
+                assert decoded.frame is not None
+                report.frames += 1
+                yield decoded.frame
+                position += decoded.frame_bytes
+                continue
+            last = decoded.status is FrameStatus.BAD_BODY and position + decoded.frame_bytes == len(
+                data
+            )
+            if decoded.status is FrameStatus.BAD_BODY and not last:
+                # The header is intact, so the frame's length is known and the frames after it are readable.
+                corrupt = True
+                report.corrupt_frames += 1
+                assert decoded.frame is not None
+                log.error(
+                    "WAL %s: CRC mismatch in the frame at byte %d (segment %s, offsets %d..%d); "
+                    "skipping it; the file will be kept as %s.corrupt",
+                    path, position, decoded.frame.segment_id, decoded.frame.base_offset,
+                    decoded.frame.end_offset, path.name,
+                )  # fmt: skip
+                position += decoded.frame_bytes
+                continue
+            # ZERO, TRUNCATED, BAD_HEADER or a bad last frame: the end of what the last flush got to disk.
+            torn = len(data) - position
+            report.torn_bytes += torn
+            log.warning(
+                "WAL %s: %s at byte %d, ignoring the last %d bytes (a flush cut by a crash, never acknowledged)",
+                path, decoded.status.value, position, torn,
+            )  # fmt: skip
+            break
+        if corrupt:
+            report.corrupt_files.append(path)
+
+    def start(self, sequence: int) -> None:
+        """Begin writing to a fresh file numbered ``sequence``; files before it become retired."""
+        assert self._file is None
+        self._sequence = sequence
+        self._open_next()
+
+    def _open_next(self) -> None:
+        path = self._directory / f"{self._sequence:016d}{SUFFIX}"
+        create_durably(self._disk, path)
+        self._file = self._disk.open(path, create=False)
+        self._position = 0
+
+    def append(self, data: bytes) -> None:
+        """Write and fsync one group's frames (rolling to a new file first when this one is full)."""
+        assert self._file is not None, "WAL not started"
+        if self._position > 0 and self._position + len(data) > self._file_bytes_max:
+            self.roll()
+        self._file.pwrite(data, self._position)
+        self._position += len(data)
+        self._file.fsync()
+
+    def roll(self) -> None:
+        assert self._file is not None
+        self._file.close()
+        self._retired.append(self._directory / f"{self._sequence:016d}{SUFFIX}")
+        self._sequence += 1
+        self._file = None
+        self._open_next()
+
+    def next_sequence(self) -> int:
+        """One past the highest file number in the directory, kept ``.corrupt`` files included."""
+        numbers = [
+            int(name.split(".")[0])
+            for name in self._disk.listdir(self._directory)
+            if name[:1].isdigit()
+        ]
+        return max(numbers, default=-1) + 1
+
+    def has_retired(self) -> bool:
+        return bool(self._retired)
+
+    def remove_retired(self) -> None:
+        """Call only once the offset index is synced: the retired files are then redundant."""
+        for path in self._retired:
+            self._disk.remove(path)
+        self._retired.clear()
+
+    def retire(self, paths: list[Path]) -> None:
+        self._retired.extend(paths)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
