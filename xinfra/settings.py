@@ -47,6 +47,16 @@ class Settings(BaseSettings):
     request_timeout_s: float = 30.0
     long_poll_s_max: float = 30.0
 
+    # Metadata service (issue 4).  Bounds carry their unit; see metadata_service/config.py.
+    admin_token: str | None = None
+    """A bootstrap admin token (all virtual clusters) the service accepts; set it from a secret."""
+    metadata_notify: str = "auto"
+    """How instances wake each other's long-polls: zookeeper, local, or auto (local for SQLite)."""
+    long_poll_waiters_max: int = 10_000
+    metadata_cache_topics_max: int = 100_000
+    client_ttl_s_max: float = 300.0
+    request_bytes_max: int = 4 << 20
+
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:

@@ -1,0 +1,135 @@
+"""API tokens: bearer tokens stored as SHA-256 hashes, each with a role and a scope.
+
+Roles: ``admin`` manages clusters, topics and tokens; ``client`` reads
+metadata and uses the registry (and, later, groups and checkpoints).  The
+scope is one virtual cluster or ``*``.  Physical clusters, virtual clusters and
+tokens are global, so they need an admin token scoped to ``*``.
+
+Tokens are 32 random bytes, so a plain SHA-256 is enough (no password
+stretching: there is nothing to brute-force).  Verified tokens are cached for
+``token_cache_s``: a revoked token can be accepted that long by an instance
+that has seen it.  There is no anonymous access except /health, /ready and
+/metrics.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from metadata_service.runtime import Runtime
+from xinfra.errors import Conflict, Forbidden, Unauthenticated
+
+log = logging.getLogger(__name__)
+
+ADMIN_TOKEN_FILE = "admin-token"
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    return "xt_" + secrets.token_urlsafe(32)
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    role: str
+    scope: str
+
+    def can_read(self, vcluster: str) -> bool:
+        return self.scope in ("*", vcluster)
+
+    def require_read(self, vcluster: str) -> None:
+        if not self.can_read(vcluster):
+            raise Forbidden(f"token {self.name!r} is scoped to {self.scope!r}, not {vcluster!r}")
+
+    def require_admin(self, vcluster: str | None = None) -> None:
+        """Admin of ``vcluster``, or of everything when None."""
+        if self.role != "admin":
+            raise Forbidden(
+                f"token {self.name!r} has role {self.role!r}; this needs an admin token"
+            )
+        if vcluster is None and self.scope != "*":
+            raise Forbidden(
+                f"token {self.name!r} is scoped to {self.scope!r}; this needs an admin token for all (*)"
+            )
+        if vcluster is not None:
+            self.require_read(vcluster)
+
+
+class TokenService:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        config = runtime.config
+        self._bootstrap_hash = hash_token(config.admin_token) if config.admin_token else None
+        self._cache: OrderedDict[str, tuple[Principal | None, float]] = OrderedDict()
+
+    async def authenticate(self, authorization: str | None) -> Principal:
+        if not authorization:
+            raise Unauthenticated(
+                "missing bearer token: send 'Authorization: Bearer <token>' "
+                "(the embedded service writes its admin token to <run_dir>/admin-token)"
+            )
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthenticated("the Authorization header must be 'Bearer <token>'")
+        digest = hash_token(token.strip())
+        if self._bootstrap_hash is not None and hmac.compare_digest(digest, self._bootstrap_hash):
+            return Principal("bootstrap-admin", "admin", "*")
+        now = time.monotonic()
+        cached = self._cache.get(digest)
+        if cached is not None and cached[1] > now:
+            principal = cached[0]
+        else:
+            row = await self.runtime.db(self.runtime.store.find_token, digest)
+            principal = Principal(row.name, row.role, row.scope) if row is not None else None
+            self._cache[digest] = (principal, now + self.runtime.config.token_cache_s)
+            self._cache.move_to_end(digest)
+            while len(self._cache) > self.runtime.config.token_cache_max:
+                self._cache.popitem(last=False)
+        if principal is None:
+            raise Unauthenticated("unknown or revoked token")
+        return principal
+
+    async def create(self, name: str, role: str, scope: str) -> tuple[str, int]:
+        token = new_token()
+        row = await self.runtime.db(
+            self.runtime.store.insert_token, hash_token(token), name, role, scope
+        )
+        return token, row.created_ms
+
+    async def delete(self, name: str) -> None:
+        await self.runtime.db(self.runtime.store.delete_token, name)
+        self._cache.clear()
+
+    async def ensure_initial_admin(self) -> str | None:
+        """First start without a configured admin token: create one and write it to the run dir.
+
+        Returns the new token (None when an admin token already exists or one is
+        configured).  Two instances starting at once race on the token name;
+        the loser keeps the winner's token.
+        """
+        if self._bootstrap_hash is not None:
+            return None
+        if await self.runtime.db(self.runtime.store.count_admin_tokens) > 0:
+            return None
+        try:
+            token, _ = await self.create("initial-admin", "admin", "*")
+        except Conflict:
+            return None
+        path = self.runtime.config.run_dir / ADMIN_TOKEN_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(token + "\n")
+        log.warning("created the initial admin token; it is in %s", path)
+        return token

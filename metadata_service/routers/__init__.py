@@ -1,0 +1,1 @@
+"""HTTP routers: thin, they authorize, call one service method and shape the response."""

@@ -1,0 +1,86 @@
+"""Fixtures for the metadata service: an app on real MariaDB (and ZooKeeper where asked).
+
+``service`` runs the app's lifespan in the test's event loop and talks to it
+through httpx's ASGI transport; the physical side is the in-memory backend
+until ``backends.kafka`` can be imported (Kafka tests use the real broker).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from ms_memory_backend import MemoryBackend, memory_cluster
+
+from metadata_service import ServiceConfig, create_app
+
+ADMIN_TOKEN = "test-admin-" + uuid.uuid4().hex
+
+
+def admin_headers() -> dict[str, str]:
+    return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@dataclass
+class Service:
+    app: FastAPI
+    http: httpx.AsyncClient
+    config: ServiceConfig
+
+    async def ok(self, method: str, url: str, status: int = 200, **kwargs: Any) -> Any:
+        response = await self.http.request(method, url, **kwargs)
+        assert response.status_code == status, (response.status_code, response.text)
+        return response.json() if response.content else None
+
+
+@asynccontextmanager
+async def running(config: ServiceConfig) -> AsyncIterator[Service]:
+    app = create_app(config)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://service", headers=admin_headers(), timeout=60
+        ) as http:
+            yield Service(app, http, config)
+
+
+@pytest.fixture
+def service_config(mysql_url: str, tmp_path: Path) -> ServiceConfig:
+    return ServiceConfig(
+        database_url=mysql_url,
+        zookeeper=None,
+        run_dir=tmp_path / "run",
+        admin_token=ADMIN_TOKEN,
+        backend_factory=MemoryBackend,
+        client_purge_interval_s=0.2,
+        backend_timeout_s=5.0,
+    )
+
+
+@pytest.fixture
+async def service(service_config: ServiceConfig) -> AsyncIterator[Service]:
+    async with running(service_config) as svc:
+        yield svc
+
+
+@pytest.fixture
+def bootstrap() -> str:
+    """A fresh in-memory physical cluster address for this test."""
+    address = f"memory-{uuid.uuid4().hex[:8]}:9092"
+    memory_cluster(address)
+    return address
+
+
+@pytest.fixture
+def make_config(service_config: ServiceConfig) -> Callable[..., ServiceConfig]:
+    def make(**overrides: Any) -> ServiceConfig:
+        return replace(service_config, instance_id=uuid.uuid4().hex[:12], **overrides)
+
+    return make
