@@ -49,10 +49,14 @@ class Frame:
     record_count: int
     batch: bytes
     frame_bytes: int  # header + segment id + batch
+    body_crc: int
 
     @property
     def end_offset(self) -> int:
         return self.base_offset + self.record_count
+
+    def body_ok(self) -> bool:
+        return crc32c.crc32c(self.batch) == self.body_crc
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +108,9 @@ def decode_frame(data: bytes | memoryview, position: int, *, verify_body: bool =
     if remaining < frame_bytes:
         return Decoded(FrameStatus.TRUNCATED, None, frame_bytes)
     batch = bytes(data[sid_end : position + frame_bytes])
-    frame = Frame(sid.decode(errors="replace"), base_offset, record_count, batch, frame_bytes)
-    if verify_body and crc32c.crc32c(batch) != body_crc:
+    frame = Frame(
+        sid.decode(errors="replace"), base_offset, record_count, batch, frame_bytes, body_crc
+    )
+    if verify_body and not frame.body_ok():
         return Decoded(FrameStatus.BAD_BODY, frame, frame_bytes)
     return Decoded(FrameStatus.OK, frame, frame_bytes)

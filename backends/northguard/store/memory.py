@@ -116,6 +116,8 @@ class MemoryStore(SegmentStore):
             raise OffsetOutOfRange(
                 f"offset {offset} is outside segment {segment_id!r} [{segment.start_offset}, {segment.end_offset}]"
             )
+        if offset == segment.end_offset:
+            return []
         at = bisect.bisect_right(segment.bases, offset) - 1
         result: list[Entry] = []
         total = 0

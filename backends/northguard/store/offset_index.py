@@ -93,6 +93,8 @@ class RocksOffsetIndex(OffsetIndex):
     def __init__(self, path: Path) -> None:
         options = Options(raw_mode=True)
         options.create_if_missing(True)
+        options.set_keep_log_file_num(4)  # RocksDB's info logs: bounded, 4 x 1 MiB
+        options.set_max_log_file_size(1 << 20)
         self._db: Rdict | None = Rdict(str(path), options)
 
     @property
