@@ -135,7 +135,9 @@ class _Segment:
     end_position: int  # durable logical file length
     next_offset: int  # log end including queued appends
     indexed_position: int = 0  # position of the last index point (0: the implicit one at the start)
-    closing: str | None = None  # "sealing" or "deleting": refuse new appends
+    closing: str | None = None  # "sealed" or "deleted" in progress: refuse new appends
+    reads_inflight: int = 0  # disk reads running in worker threads
+    reads_idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def info(self) -> SegmentInfo:
         return SegmentInfo(
@@ -397,6 +399,8 @@ class FpsStore(SegmentStore):
             raise Conflict(f"segment {segment_id!r} is being deleted; retry")
         segment.closing = "deleted"
         await self._drain()
+        if segment.reads_inflight:  # never close a file under a reader thread
+            await segment.reads_idle.wait()
         async with self._lock:
             self._check_writable()
             try:
@@ -510,36 +514,39 @@ class FpsStore(SegmentStore):
         return group
 
     async def _flush_loop(self) -> None:
+        """Owned by the store (started by ``open``, cancelled by ``close``): one flush at a time."""
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
             if not self._queue:
                 continue
             async with self._lock:
-                if self._failure is not None:
+                if self._failure is None:
+                    await self._flush_group()
+                else:
                     self._fail_all(self._failure)
-                    continue
-                group = self._take_group()
-                self._inflight = group
-                self._admit_waiting()
-                started_s = self._runtime.monotonic_s()
-                try:
-                    result = await self._runtime.run_blocking(self._flush_blocking, group)
-                except Exception as error:  # OSError, or a broken invariant: never acknowledge
-                    if not isinstance(error, OSError):
-                        log.exception("flush failed on a broken invariant")
-                    failure = self._fail(error, "flushing")
-                    for request in group:
-                        if not request.future.done():
-                            request.future.set_exception(failure)
-                    self._fail_all(failure)
-                    continue
-                finally:
-                    self._inflight = []
-                self._complete(group, result, self._runtime.monotonic_s() - started_s)
             if self._queue:  # left over from a full group: they have waited long enough
                 self._wakeup.set()
             self._admit_waiting()
+
+    async def _flush_group(self) -> None:
+        group = self._take_group()
+        self._inflight = group
+        self._admit_waiting()  # the queue has room again: waiting appends form the next group
+        started_s = self._runtime.monotonic_s()
+        try:
+            result = await self._runtime.run_blocking(self._flush_blocking, group)
+            self._complete(group, result, self._runtime.monotonic_s() - started_s)
+        except Exception as error:  # OSError, or a broken invariant: never acknowledge
+            if not isinstance(error, OSError):
+                log.exception("flush failed on a broken invariant")
+            failure = self._fail(error, "flushing")
+            for request in group:
+                if not request.future.done():
+                    request.future.set_exception(failure)
+            self._fail_all(failure)
+        finally:
+            self._inflight = []
 
     def _flush_blocking(self, group: list[_Append]) -> _FlushResult:
         """Off the event loop, under ``_lock``: WAL + fsync, segments + fsync, index."""
@@ -633,17 +640,27 @@ class FpsStore(SegmentStore):
             self.stats.cache_hits += 1
             return cached
         self.stats.cache_misses += 1
+        if segment.closing == "deleted":
+            raise NotFound(f"segment {segment_id!r} is being deleted")
         end_position = segment.end_position
+        segment.reads_inflight += 1
+        segment.reads_idle.clear()
         try:
             return await self._runtime.run_blocking(
                 self._read_blocking, segment, offset, bytes_max, end_position
             )
+        except CorruptData:
+            if segment.end_position < end_position:  # a seal cut the file under this read
+                return await self.read(segment_id, offset, bytes_max)
+            raise
         except OSError as error:
-            if segment_id not in self._segments:
-                raise NotFound(f"segment {segment_id!r} was deleted during the read") from error
             raise StorageError(
                 f"reading segment {segment_id!r} at offset {offset}: {error}"
             ) from error
+        finally:
+            segment.reads_inflight -= 1
+            if segment.reads_inflight == 0:
+                segment.reads_idle.set()
 
     def _read_blocking(
         self, segment: _Segment, offset: int, bytes_max: int, end_position: int

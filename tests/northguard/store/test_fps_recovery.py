@@ -305,7 +305,7 @@ async def test_random_reads_match_a_model_before_and_after_restart(
     await store.create_segment("s1", 1000)
     model: list[Entry] = []
     offset = 1000
-    for n in range(150):
+    for _ in range(100):
         count = rng.randint(1, 20)
         data = rng.randbytes(rng.randint(1, 1500))
         model.append(await store.append("s1", offset, count, data))
