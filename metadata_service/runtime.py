@@ -9,6 +9,7 @@ database that cannot be reached becomes ``Unavailable`` (503, retriable).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
@@ -76,10 +77,9 @@ class BackendPool:
     async def forget(self, name: str) -> None:
         for key in [k for k in self._backends if k[0] == name]:
             backend = self._backends.pop(key)
-            try:
+            # Closing a broken backend must not fail the caller.
+            with contextlib.suppress(Exception):
                 await backend.close()
-            except Exception:  # closing a broken backend must not fail the caller
-                pass
 
     async def close(self) -> None:
         for name in {k[0] for k in self._backends}:

@@ -1,0 +1,151 @@
+"""Several service instances sharing MariaDB and ZooKeeper: a change on one wakes long-polls
+on the others; one killed with SIGKILL, the other keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import ADMIN_TOKEN, admin_headers, running
+from test_ms_api import VC, create_topic, register, wait_for
+
+from metadata_service import ServiceConfig
+from xinfra.services.ports import free_port
+from xinfra.services.process import ManagedProcess
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+
+
+async def test_change_on_one_instance_wakes_long_poll_on_another(
+    make_config: Callable[..., ServiceConfig], zookeeper: str, bootstrap: str
+) -> None:
+    root = f"/xinfra-test/{uuid.uuid4().hex}"
+    async with (
+        running(make_config(zookeeper=zookeeper, zk_root=root)) as a,
+        running(make_config(zookeeper=zookeeper, zk_root=root)) as b,
+    ):
+        assert (await b.ok("GET", "/ready"))["notifier"] == "ZooKeeperNotifier"
+        await register(a, bootstrap)
+        await create_topic(a)
+        url = f"/v1/vclusters/{VC}/topics/orders/metadata"
+        assert (await b.ok("GET", url))["version"] == 1  # now cached on b
+        for version in (2, 3, 4):
+            poll = asyncio.create_task(
+                b.http.get(url, params={"after_version": version - 1, "timeout_s": 30})
+            )
+            await wait_for(lambda: _has_waiter(b))
+            await a.ok(
+                "PATCH", f"/v1/vclusters/{VC}/topics/orders", json={"config": {"v": str(version)}}
+            )
+            response = await asyncio.wait_for(poll, 10)
+            assert response.json()["version"] == version
+            assert response.json()["topic"]["config"] == {"v": str(version)}
+        # b's cache was invalidated too: a plain read is current.
+        assert (await b.ok("GET", url))["version"] == 4
+        received = (await b.http.get("/metrics")).text
+        assert "xinfra_metadata_notifications_received_total" in received
+
+
+async def _has_waiter(service) -> bool:  # type: ignore[no-untyped-def]
+    return bool(service.app.state.services.runtime.hub.waiter_count)
+
+
+def _start_instance(tmp_path: Path, name: str, database_url: str, zookeeper: str) -> ManagedProcess:
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
+    process = ManagedProcess(
+        name=name,
+        argv=[
+            sys.executable,
+            str(HERE / "ms_serve_instance.py"),
+            str(port),
+            database_url,
+            zookeeper,
+            ADMIN_TOKEN,
+            str(tmp_path / name),
+        ],
+        log_path=tmp_path / f"{name}.log",
+        url=f"http://127.0.0.1:{port}",
+        env=env,
+    )
+
+    def healthy() -> bool:
+        try:
+            return httpx.get(f"{process.url}/ready", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    return process.start().wait_ready(healthy, timeout_s=60)
+
+
+@pytest.fixture
+def two_instances(
+    tmp_path: Path, mysql_url: str, zookeeper: str
+) -> Iterator[tuple[ManagedProcess, ManagedProcess]]:
+    from metadata_service.migrate import upgrade_database
+
+    upgrade_database(mysql_url)  # once, before two instances start side by side
+    first = _start_instance(tmp_path, "a", mysql_url, zookeeper)
+    try:
+        second = _start_instance(tmp_path, "b", mysql_url, zookeeper)
+    except BaseException:
+        first.stop()
+        raise
+    yield first, second
+    first.stop()
+    second.stop()
+
+
+async def test_instance_killed_other_keeps_serving(
+    two_instances: tuple[ManagedProcess, ManagedProcess],
+) -> None:
+    first, second = two_instances
+    async with (
+        httpx.AsyncClient(base_url=first.url, headers=admin_headers(), timeout=30) as a,
+        httpx.AsyncClient(base_url=second.url, headers=admin_headers(), timeout=30) as b,
+    ):
+        bootstrap = f"memory-{uuid.uuid4().hex[:8]}:9092"
+        response = await a.post(
+            "/v1/clusters", json={"name": "k1", "kind": "kafka", "bootstrap": bootstrap}
+        )
+        assert response.status_code == 201, response.text
+        response = await a.post(
+            f"/v1/vclusters/{VC}/topics", json={"name": "t", "cluster": "k1", "shards": 2}
+        )
+        assert response.status_code == 201, response.text
+        url = f"/v1/vclusters/{VC}/topics/t/metadata"
+        assert (await b.get(url)).json()["version"] == 1
+        poll = asyncio.create_task(b.get(url, params={"after_version": 1, "timeout_s": 30}))
+        await _wait_waiters(b)
+        assert (
+            await a.patch(f"/v1/vclusters/{VC}/topics/t", json={"config": {"x": "1"}})
+        ).status_code == 200
+        assert (await asyncio.wait_for(poll, 10)).json()["version"] == 2
+
+        first.kill()
+        assert (await b.get("/ready")).status_code == 200
+        poll = asyncio.create_task(b.get(url, params={"after_version": 2, "timeout_s": 30}))
+        await _wait_waiters(b)
+        assert (
+            await b.patch(f"/v1/vclusters/{VC}/topics/t", json={"config": {"x": "2"}})
+        ).status_code == 200
+        assert (await asyncio.wait_for(poll, 10)).json()["version"] == 3
+        assert (await b.get(f"/v1/vclusters/{VC}/topics")).json()["topics"][0]["version"] == 3
+
+
+async def _wait_waiters(http: httpx.AsyncClient) -> None:
+    async def waiting() -> bool:
+        text = (await http.get("/metrics")).text
+        return any(
+            line.startswith("xinfra_metadata_long_poll_waiters ") and float(line.split()[1]) >= 1
+            for line in text.splitlines()
+        )
+
+    await wait_for(waiting)

@@ -1,0 +1,1 @@
+"""Subcommands of ``xinfra`` that talk to the metadata service over HTTP (``xinfra.rest``)."""
