@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from conftest import FaultyRuntime, StoreFactory
+from store_faults import FaultyRuntime, StoreFactory
 
 from xinfra.errors import StorageError
 

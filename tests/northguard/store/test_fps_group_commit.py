@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from conftest import StoreFactory
+from store_faults import StoreFactory
 
 
 async def test_concurrent_appends_share_one_flush(open_fps: StoreFactory) -> None:

@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import StoreFactory
 from hypothesis import given
 from hypothesis import strategies as st
+from store_faults import StoreFactory
 
 from backends.northguard.store import Entry, MemoryOffsetIndex, OffsetIndex, RocksOffsetIndex
 from backends.northguard.store.framing import HEADER_BYTES, FrameStatus, decode_frame, encode_frame

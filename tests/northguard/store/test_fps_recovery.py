@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
-from conftest import FaultyRuntime, StoreFactory
+from store_faults import FaultyRuntime, StoreFactory
 
 from backends.northguard.store import Entry, FpsStore, SegmentState
 from backends.northguard.store.framing import encode_frame

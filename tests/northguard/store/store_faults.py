@@ -1,0 +1,93 @@
+"""Fault injection for the store tests: the real runtime whose disk raises ``OSError`` on request.
+
+``FaultyRuntime`` is ``RealRuntime`` with a disk that wraps ``OsDisk`` and,
+when told to, raises from ``fsync``/``pwrite``/``truncate`` of chosen files,
+refuses O_DIRECT, or grants it and then rejects direct writes with
+``EINVAL``.  Nothing is mocked: every byte goes to a real file.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from backends.northguard.runtime import Disk, File, OsDisk, RealRuntime
+from backends.northguard.store import FpsStore
+
+
+class FaultyFile(File):
+    def __init__(self, inner: File, disk: FaultyDisk, path: Path) -> None:
+        self.inner = inner
+        self.disk = disk
+        self.path = path
+        self.direct: bool = bool(getattr(inner, "direct", False))
+
+    def _injected(self, operation: str) -> bool:
+        suffixes = self.disk.faults.get(operation)
+        return suffixes is not None and self.path.name.endswith(suffixes)
+
+    def pwrite(self, data: bytes | memoryview, offset: int) -> None:
+        if self.direct and self.disk.einval_direct_writes:
+            raise OSError(errno.EINVAL, "injected: O_DIRECT write rejected")
+        if self._injected("pwrite"):
+            raise OSError(errno.EIO, f"injected pwrite error on {self.path.name}")
+        self.inner.pwrite(data, offset)
+
+    def pread(self, size: int, offset: int) -> bytes:
+        return self.inner.pread(size, offset)
+
+    def fsync(self) -> None:
+        if self._injected("fsync"):
+            self.disk.fsync_failures += 1
+            raise OSError(errno.EIO, f"injected fsync error on {self.path.name}")
+        self.inner.fsync()
+
+    def truncate(self, size: int) -> None:
+        if self._injected("truncate"):
+            raise OSError(errno.EIO, f"injected truncate error on {self.path.name}")
+        self.inner.truncate(size)
+
+    def size(self) -> int:
+        return self.inner.size()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class FaultyDisk(Disk):
+    def __init__(self) -> None:
+        self.inner = OsDisk()
+        self.faults: dict[str, tuple[str, ...]] = {}  # operation -> file name suffixes it fails on
+        self.refuse_direct = False
+        self.einval_direct_writes = False
+        self.fsync_failures = 0
+
+    def open(self, path: Path, *, create: bool = True, direct: bool = False) -> File:
+        inner = self.inner.open(path, create=create, direct=direct and not self.refuse_direct)
+        return FaultyFile(inner, self, path)
+
+    def exists(self, path: Path) -> bool:
+        return self.inner.exists(path)
+
+    def remove(self, path: Path) -> None:
+        self.inner.remove(path)
+
+    def listdir(self, path: Path) -> list[str]:
+        return self.inner.listdir(path)
+
+    def makedirs(self, path: Path) -> None:
+        self.inner.makedirs(path)
+
+    def rename(self, source: Path, target: Path) -> None:
+        self.inner.rename(source, target)
+
+
+class FaultyRuntime(RealRuntime):
+    def __init__(self) -> None:
+        super().__init__(seed=1)
+        self.faulty_disk = FaultyDisk()
+        self.disk = self.faulty_disk
+
+
+StoreFactory = Callable[..., Awaitable[FpsStore]]
