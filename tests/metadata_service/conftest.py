@@ -7,8 +7,10 @@ until ``backends.kafka`` can be imported (Kafka tests use the real broker).
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,10 +18,13 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 from fastapi import FastAPI
 from ms_memory_backend import MemoryBackend, memory_cluster
 
 from metadata_service import ServiceConfig, create_app
+from xinfra.services.ports import free_port
+from xinfra.settings import get_settings
 
 ADMIN_TOKEN = "test-admin-" + uuid.uuid4().hex
 
@@ -84,3 +89,25 @@ def make_config(service_config: ServiceConfig) -> Callable[..., ServiceConfig]:
         return replace(service_config, instance_id=uuid.uuid4().hex[:12], **overrides)
 
     return make
+
+
+@pytest.fixture
+def live_url(service_config: ServiceConfig, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(service_config), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.02)
+    monkeypatch.setenv("XINFRA_METADATA_URL", url)
+    monkeypatch.setenv("XINFRA_TOKEN", ADMIN_TOKEN)
+    get_settings.cache_clear()
+    yield url
+    server.should_exit = True
+    thread.join(10)
+    get_settings.cache_clear()

@@ -3,46 +3,17 @@
 from __future__ import annotations
 
 import json
-import threading
-import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
-from conftest import ADMIN_TOKEN
 from ms_memory_backend import memory_cluster
 from typer.testing import CliRunner
 
-from metadata_service import ServiceConfig, create_app
 from metadata_service.cli import db_app
 from xinfra.commands.clusters import app as clusters_app
 from xinfra.commands.topics import app as topics_app
-from xinfra.services.ports import free_port
 from xinfra.settings import get_settings
-
-
-@pytest.fixture
-def live_url(service_config: ServiceConfig, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(service_config), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
-    monkeypatch.setenv("XINFRA_METADATA_URL", url)
-    monkeypatch.setenv("XINFRA_TOKEN", ADMIN_TOKEN)
-    get_settings.cache_clear()
-    yield url
-    server.should_exit = True
-    thread.join(10)
-    get_settings.cache_clear()
 
 
 def run(app, *args: str) -> object:  # type: ignore[no-untyped-def]
