@@ -355,6 +355,7 @@ class XinfraConsumer:
         for watch in self._watches.values():
             await watch.close()
         await self.pool.close()
+        await self.source.close()
 
 
 def _epoch(metadata: TopicMetadata, number: int) -> Epoch:

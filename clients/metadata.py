@@ -39,6 +39,10 @@ class MetadataSource(Protocol):
         """Tell the service this client now runs on ``version`` of the topic."""
         ...
 
+    async def close(self) -> None:
+        """Unregister and release connections."""
+        ...
+
 
 class TopicWatch:
     """The freshest metadata of one topic, kept current by a long-poll task this object owns."""

@@ -361,3 +361,4 @@ class XinfraProducer:
         for watch in self._watches.values():
             await watch.close()
         await self.pool.close()
+        await self.source.close()

@@ -13,10 +13,9 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-from xinfra.model import Header, Position
-
 from clients.consumer import StartAt, XinfraConsumer, XinfraRecord
 from clients.producer import XinfraProducer
+from xinfra.model import Header, Position
 
 T = TypeVar("T")
 
@@ -85,7 +84,9 @@ class SyncConsumer:
         self._thread = LoopThread("xinfra-consumer")
         self._consumer = self._thread.run(_await(build))
 
-    def assign(self, topic: str, shards: Sequence[int] | None = None, start: StartAt | int = "earliest") -> None:
+    def assign(
+        self, topic: str, shards: Sequence[int] | None = None, start: StartAt | int = "earliest"
+    ) -> None:
         self._thread.run(self._consumer.assign(topic, shards, start))
 
     def seek(self, topic: str, position: Position) -> None:

@@ -1,0 +1,151 @@
+"""The SDK's link to the metadata service: metadata, long-polls, registration, heartbeats.
+
+``ServiceSource`` implements ``clients.metadata.MetadataSource`` over the /v1
+HTTP API.  It registers the client (producer or consumer) with the topics it
+uses, heartbeats every third of its lease with the metadata version it runs
+on per topic, and re-registers when the service forgot it (a 404 after a
+restart or an expiry).  A service that is down raises ``Unavailable`` to the
+watch, which keeps the last metadata and retries; data keeps flowing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import uuid
+from typing import Any
+
+import httpx
+
+from xinfra.errors import NotFound, Timeout, Unavailable, XinfraError
+from xinfra.model import TopicMetadata
+from xinfra.rest import MetadataClient, resolve_token
+from xinfra.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+LEASE_S = 30.0
+LONG_POLL_MARGIN_S = 10.0
+
+
+class ServiceSource:
+    """Metadata from the service for one client of one virtual cluster."""
+
+    def __init__(
+        self,
+        kind: str,
+        *,
+        url: str | None = None,
+        token: str | None = None,
+        virtual_cluster: str | None = None,
+        client_id: str | None = None,
+        settings: Settings | None = None,
+    ) -> None:
+        s = settings or get_settings()
+        self.kind = kind
+        self.virtual_cluster = virtual_cluster or s.virtual_cluster
+        self.client_id = client_id or f"{kind}-{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        self.url = (url or s.metadata_url).rstrip("/")
+        headers = {}
+        if resolved := resolve_token(s, token):
+            headers["Authorization"] = f"Bearer {resolved}"
+        self._http = httpx.AsyncClient(
+            base_url=self.url, headers=headers, timeout=s.request_timeout_s
+        )
+        self._versions: dict[str, int] = {}
+        self._registered_topics: list[str] | None = None
+        self._heartbeat_task: asyncio.Task[None] | None = None
+
+    async def _call(
+        self, method: str, path: str, timeout_s: float | None = None, **kwargs: Any
+    ) -> Any:
+        try:
+            response = await self._http.request(
+                method,
+                path,
+                timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT,
+                **kwargs,
+            )
+        except httpx.TimeoutException:
+            raise Timeout(f"the metadata service at {self.url} did not answer in time") from None
+        except httpx.TransportError as error:
+            raise Unavailable(
+                f"the metadata service at {self.url} is unreachable ({error})"
+            ) from None
+        if response.status_code >= 400:
+            raise MetadataClient._error(response)
+        return response.json() if response.content else None
+
+    def _topic_path(self, topic: str) -> str:
+        return f"/v1/vclusters/{self.virtual_cluster}/topics/{topic}/metadata"
+
+    async def topic_metadata(self, topic: str) -> TopicMetadata:
+        metadata = TopicMetadata.model_validate(await self._call("GET", self._topic_path(topic)))
+        self._versions.setdefault(topic, metadata.version)
+        return metadata
+
+    async def wait_for_change(
+        self, topic: str, after_version: int, timeout_s: float
+    ) -> TopicMetadata | None:
+        body = await self._call(
+            "GET",
+            self._topic_path(topic),
+            params={"after_version": after_version, "timeout_s": timeout_s},
+            timeout_s=timeout_s + LONG_POLL_MARGIN_S,
+        )
+        metadata = TopicMetadata.model_validate(body)
+        return metadata if metadata.version > after_version else None
+
+    async def acknowledge(self, topic: str, version: int) -> None:
+        self._versions[topic] = max(version, self._versions.get(topic, 0))
+        if self._registered_topics is None or topic not in self._registered_topics:
+            await self.register()
+        await self.heartbeat()
+        if self._heartbeat_task is None:
+            self._heartbeat_task = asyncio.get_running_loop().create_task(
+                self._heartbeats(), name=f"heartbeat:{self.client_id}"
+            )
+
+    async def register(self) -> None:
+        topics = sorted(self._versions)
+        await self._call(
+            "PUT",
+            f"/v1/vclusters/{self.virtual_cluster}/clients/{self.client_id}",
+            json={
+                "kind": self.kind,
+                "topics": topics,
+                "host": socket.gethostname(),
+                "ttl_s": LEASE_S,
+            },
+        )
+        self._registered_topics = topics
+
+    async def heartbeat(self) -> None:
+        path = f"/v1/vclusters/{self.virtual_cluster}/clients/{self.client_id}/heartbeat"
+        try:
+            await self._call("POST", path, json={"versions": self._versions})
+        except NotFound:
+            await self.register()  # the service forgot us (restart, expiry): register again
+            await self._call("POST", path, json={"versions": self._versions})
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(LEASE_S / 3)
+            try:
+                await self.heartbeat()
+            except XinfraError as error:
+                log.warning("heartbeat of %s failed: %s", self.client_id, error)
+
+    async def close(self) -> None:
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat_task
+        with contextlib.suppress(XinfraError):
+            if self._registered_topics is not None:
+                await self._call(
+                    "DELETE", f"/v1/vclusters/{self.virtual_cluster}/clients/{self.client_id}"
+                )
+        await self._http.aclose()
