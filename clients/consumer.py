@@ -102,7 +102,7 @@ class XinfraConsumer:
         watch = self._watches.get(topic)
         if watch is None:
             metadata = await self.source.topic_metadata(topic)
-            watch = TopicWatch(self.source, metadata, on_change=lambda m: None)
+            watch = TopicWatch(self.source, metadata)
             watch.start()
             self._watches[topic] = watch
             with contextlib.suppress(XinfraError):

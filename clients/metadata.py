@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from xinfra.errors import XinfraError
@@ -45,18 +45,24 @@ class MetadataSource(Protocol):
 
 
 class TopicWatch:
-    """The freshest metadata of one topic, kept current by a long-poll task this object owns."""
+    """The freshest metadata of one topic, kept current by a long-poll task this object owns.
+
+    A new version is acknowledged to the service only after ``settle`` returns:
+    a producer settles when no write it started under an older version is
+    still in flight, so once every producer has acknowledged version V the
+    service knows nothing more lands in an epoch that V retired.
+    """
 
     def __init__(
         self,
         source: MetadataSource,
         metadata: TopicMetadata,
-        on_change: Callable[[TopicMetadata], None],
+        settle: Callable[[TopicMetadata], Awaitable[None]] | None = None,
         long_poll_s: float = 20.0,
     ) -> None:
         self.source = source
         self.current = metadata
-        self._on_change = on_change
+        self._settle = settle
         self._long_poll_s = long_poll_s
         self._task: asyncio.Task[None] | None = None
         self.changed = asyncio.Event()
@@ -83,7 +89,6 @@ class TopicWatch:
         if metadata.version <= self.current.version:
             return
         self.current = metadata
-        self._on_change(metadata)
         self.changed.set()
         self.changed = asyncio.Event()
 
@@ -94,8 +99,10 @@ class TopicWatch:
                 newer = await self.source.wait_for_change(
                     self.topic, self.current.version, self._long_poll_s
                 )
-                if newer is not None:
+                if newer is not None and newer.version > self.current.version:
                     self.apply(newer)
+                    if self._settle is not None:
+                        await self._settle(newer)
                     await self.source.acknowledge(self.topic, newer.version)
                 backoff_s = BACKOFF_S_MIN
             except XinfraError as error:

@@ -110,6 +110,8 @@ class XinfraProducer:
         self._sticky: dict[str, itertools.cycle[int]] = {}
         self._sticky_shard: dict[str, int] = {}
         self._unacknowledged: set[asyncio.Future[Position]] = set()
+        self._writes_in_flight: dict[tuple[str, int], int] = {}  # (topic, version) -> count
+        self._writes_done = asyncio.Condition()
         self._buffered_bytes = 0
         self._room = asyncio.Condition()
         self._closed = False
@@ -124,7 +126,7 @@ class XinfraProducer:
                 watch = self._watches.get(topic)
                 if watch is None:
                     metadata = await self.source.topic_metadata(topic)
-                    watch = TopicWatch(self.source, metadata, on_change=lambda m: None)
+                    watch = TopicWatch(self.source, metadata, settle=self._settle)
                     watch.start()
                     self._watches[topic] = watch
                     with contextlib.suppress(XinfraError):
@@ -327,8 +329,27 @@ class XinfraProducer:
                 for record, position in zip(records, source, strict=True)
             ]
         producer = self.pool.producer(metadata.clusters[epoch.cluster], epoch.physical_topic)
-        offsets = await producer.send(shard, records)
+        key = (metadata.topic.name, metadata.version)
+        self._writes_in_flight[key] = self._writes_in_flight.get(key, 0) + 1
+        try:
+            offsets = await producer.send(shard, records)
+        finally:
+            self._writes_in_flight[key] -= 1
+            if not self._writes_in_flight[key]:
+                del self._writes_in_flight[key]
+            async with self._writes_done:
+                self._writes_done.notify_all()
         return [Position(epoch.number, shard, offset) for offset in offsets]
+
+    async def _settle(self, metadata: TopicMetadata) -> None:
+        """Wait until no write started under an older version of the topic is in flight."""
+        topic = metadata.topic.name
+
+        def settled() -> bool:
+            return not any(t == topic and v < metadata.version for t, v in self._writes_in_flight)
+
+        async with self._writes_done:
+            await self._writes_done.wait_for(settled)
 
     @staticmethod
     def _fail(batch: list[_Queued], error: Exception) -> None:
