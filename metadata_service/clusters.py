@@ -31,7 +31,7 @@ class ClusterService:
         cluster, version = await self.rt.db(self.rt.store.get_cluster, name)
         return PhysicalClusterOut(**cluster.model_dump(), version=version)
 
-    async def list(self) -> list[PhysicalClusterOut]:
+    async def list_clusters(self) -> list[PhysicalClusterOut]:
         rows = await self.rt.db(self.rt.store.list_clusters)
         return [PhysicalClusterOut(**c.model_dump(), version=v) for c, v in rows]
 

@@ -184,7 +184,7 @@ class ZooKeeperNotifier:
     def _on_data(self, data: bytes | None, _stat: Any) -> None:
         """Kazoo thread: apply every change in the ring newer than the last one seen."""
         try:
-            ring = json.loads(data) if data else {"seq": 0, "changes": []}
+            ring: dict[str, Any] = json.loads(data) if data else {"seq": 0, "changes": []}
         except ValueError:
             ring = {"seq": 0, "changes": []}
         seq = int(ring.get("seq", 0))
@@ -209,7 +209,7 @@ class ZooKeeperNotifier:
         for _attempt in range(CAS_ATTEMPTS_MAX):
             data, stat = client.get(self.path)
             try:
-                ring = json.loads(data) if data else {"seq": 0, "changes": []}
+                ring: dict[str, Any] = json.loads(data) if data else {"seq": 0, "changes": []}
             except ValueError:
                 ring = {"seq": 0, "changes": []}
             seq = int(ring.get("seq", 0)) + 1

@@ -117,11 +117,11 @@ class ReconcileService:
         known: dict[str, set[str]] = {}
         for epoch in rows:
             known.setdefault(epoch.cluster, set()).add(epoch.physical_topic)
-            listed = physical.get(epoch.cluster)
+            present = physical.get(epoch.cluster)
             if (
                 epoch.intent == "ready"
-                and listed is not None
-                and epoch.physical_topic not in listed
+                and present is not None
+                and epoch.physical_topic not in present
             ):
                 drift.append(
                     ReconcileAction(

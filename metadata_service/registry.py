@@ -65,7 +65,7 @@ class RegistryService:
     async def delete(self, vc: str, client_id: str) -> None:
         await self.rt.db(self.rt.store.delete_client, vc, client_id)
 
-    async def list(self, vc: str, topic: str | None) -> list[ClientOut]:
+    async def list_clients(self, vc: str, topic: str | None) -> list[ClientOut]:
         rows = await self.rt.db(
             self.rt.store.list_clients, vc, self.rt.config.clients_per_vcluster_max
         )
@@ -73,7 +73,7 @@ class RegistryService:
 
     async def unacknowledged(self, vc: str, topic: str) -> Unacknowledged:
         metadata = await self.rt.db(self.rt.store.read_metadata, vc, topic)
-        clients = await self.list(vc, topic)
+        clients = await self.list_clients(vc, topic)
         behind = [c for c in clients if c.versions.get(topic, -1) < metadata.version]
         return Unacknowledged(
             virtual_cluster=vc, topic=topic, version=metadata.version, clients=behind

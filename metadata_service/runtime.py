@@ -112,7 +112,7 @@ class Runtime:
             )
         except (OperationalError, PoolTimeout) as error:
             raise Unavailable(
-                f"the metadata database is unavailable: {error.orig or error}"
+                f"the metadata database is unavailable: {getattr(error, 'orig', None) or error}"
             ) from None
         except DBAPIError as error:
             if error.connection_invalidated:

@@ -122,7 +122,7 @@ class TopicService:
                 self.rt.hub.discard(key, waiter)
                 self.rt.metrics.waiters.dec()
 
-    async def list(
+    async def list_topics(
         self, vc: str, after: str | None, limit: int
     ) -> tuple[list[TopicSummary], str | None]:
         await self.rt.db(self.rt.store.get_vcluster, vc)

@@ -18,7 +18,7 @@ def run_migrations_online() -> None:
             context.run_migrations()
         return
     url = config.attributes.get("database_url") or config.get_main_option("sqlalchemy.url")
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    engine = sa.create_engine(str(url), poolclass=sa.pool.NullPool)
     with engine.connect() as conn:
         context.configure(connection=conn, target_metadata=target_metadata)
         with context.begin_transaction():

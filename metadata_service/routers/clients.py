@@ -77,7 +77,7 @@ async def list_clients(
 ) -> ClientList:
     """Live (unexpired) clients, optionally those of one topic."""
     principal.require_read(vc)
-    return ClientList(clients=await services.registry.list(vc, topic))
+    return ClientList(clients=await services.registry.list_clients(vc, topic))
 
 
 @router.get("/topics/{topic}/unacknowledged", response_model=Unacknowledged)

@@ -36,7 +36,7 @@ async def register_cluster(
 
 @router.get("/clusters", response_model=PhysicalClusterList, tags=["clusters"])
 async def list_clusters(services: ServicesDep, principal: PrincipalDep) -> PhysicalClusterList:
-    return PhysicalClusterList(clusters=await services.clusters.list())
+    return PhysicalClusterList(clusters=await services.clusters.list_clusters())
 
 
 @router.get("/clusters/{name}", response_model=PhysicalClusterOut, tags=["clusters"])

@@ -56,7 +56,7 @@ async def list_topics(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> TopicPage:
     principal.require_read(vc)
-    topics, next_after = await services.topics.list(vc, after, limit)
+    topics, next_after = await services.topics.list_topics(vc, after, limit)
     return TopicPage(topics=topics, next_after=next_after)
 
 
