@@ -117,11 +117,11 @@ class ReconcileService:
         known: dict[str, set[str]] = {}
         for epoch in rows:
             known.setdefault(epoch.cluster, set()).add(epoch.physical_topic)
-            present = physical.get(epoch.cluster)
+            on_cluster = physical.get(epoch.cluster)
             if (
                 epoch.intent == "ready"
-                and present is not None
-                and epoch.physical_topic not in present
+                and on_cluster is not None
+                and epoch.physical_topic not in on_cluster
             ):
                 drift.append(
                     ReconcileAction(
