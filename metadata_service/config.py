@@ -41,6 +41,9 @@ class ServiceConfig:
     token_cache_s: float = 5.0
     """A revoked token may still be accepted for this long by an instance that cached it."""
     token_cache_max: int = 10_000
+    seal_settle_s_max: float = 30.0
+    """How long a seal waits for live producers to acknowledge the version that retires an epoch
+    before it reads the epoch's end offsets (see ``TopicService._settle_seal``)."""
     intent_grace_s: float = 60.0
     """Reconcile leaves an intent younger than this alone: an instance may still be executing it."""
     db_threads_max: int = 32

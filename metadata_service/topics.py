@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import secrets
 import time
 from collections.abc import Mapping, Sequence
@@ -70,6 +71,12 @@ def check_end_offsets(epoch: EpochRow, end_offsets: Mapping[int, int]) -> dict[i
             f"end_offsets of epoch {epoch.number} must name exactly its shards 0..{len(epoch.shards) - 1}"
         )
     return {int(k): int(v) for k, v in end_offsets.items()}
+
+
+log = logging.getLogger(__name__)
+
+SEAL_SETTLE_POLL_S = 0.05
+"""How often a two-phase seal re-reads the registry while it waits for producers."""
 
 
 class TopicService:
@@ -256,16 +263,29 @@ class TopicService:
         expected = self._expected(topic, pick_expected(request.expected_version, if_match))
         if topic.sealed:
             return await self.metadata_body(vc, name)  # idempotent
-        plan = await self._seal_plan(epochs, request.end_offsets)
+        if request.end_offsets is not None:
+            plan = await self._seal_plan(epochs, request.end_offsets)
+            version = await self.rt.db(
+                self.rt.store.update_epochs,
+                vc,
+                name,
+                expected,
+                {number: (EpochState.SEALED, offsets) for number, offsets in plan.items()},
+                {"sealed": True},
+            )
+            await self.rt.publish((vc, name), version)
+            return await self.metadata_body(vc, name)
+        retiring = self._unsealed(epochs)
         version = await self.rt.db(
             self.rt.store.update_epochs,
             vc,
             name,
             expected,
-            {number: (EpochState.SEALED, offsets) for number, offsets in plan.items()},
+            {epoch.number: (EpochState.SEALED, None) for epoch in retiring},
             {"sealed": True},
         )
         await self.rt.publish((vc, name), version)
+        await self._settle_seal(vc, name, version, retiring)
         return await self.metadata_body(vc, name)
 
     async def delete(self, vc: str, name: str, expected_version: int | None) -> None:
@@ -301,7 +321,16 @@ class TopicService:
             raise InvalidRequest(f"mirror_of {request.mirror_of} is not an epoch of {vc}/{name}")
         cluster = await self._cluster(request.cluster)
         ranges = list(current.shards) if request.shards is None else shard_ranges(request.shards)
-        sealed = await self._seal_plan(ready, request.end_offsets) if request.seal_current else {}
+        # Without given end offsets the seal is two-phase (see _settle_seal): this change retires
+        # the epochs with their end offsets unknown, the settle records them.
+        retiring = (
+            self._unsealed(ready) if request.seal_current and request.end_offsets is None else []
+        )
+        sealed: dict[int, dict[int, int] | None] = (
+            dict(await self._seal_plan(ready, request.end_offsets))
+            if request.seal_current and request.end_offsets is not None
+            else {epoch.number: None for epoch in retiring}
+        )
         number = max(e.number for e in epochs) + 1
         physical = physical_topic_name(vc, name, number)
         epoch = EpochRow(
@@ -326,7 +355,71 @@ class TopicService:
             await self._delete_physical_quietly(cluster, physical)
             raise
         await self.rt.publish((vc, name), version)
+        await self._settle_seal(vc, name, version, retiring)
         return await self.metadata_body(vc, name)
+
+    @staticmethod
+    def _unsealed(epochs: Sequence[EpochRow]) -> list[EpochRow]:
+        return [e for e in epochs if e.intent == "ready" and e.state != EpochState.SEALED]
+
+    async def _settle_seal(
+        self, vc: str, name: str, version: int, retiring: Sequence[EpochRow]
+    ) -> None:
+        """Record the end offsets of epochs that ``version`` retired, once no producer writes them.
+
+        A Kafka topic cannot be sealed: it takes writes after its epoch is
+        sealed in MySQL.  So a seal is two-phase.  Version V marks the epochs
+        sealed with end offsets unknown (consumers wait at their end; producers
+        move to the new write epochs).  Producers acknowledge V only after
+        their writes under older versions have settled, so once every live
+        producer has acknowledged V the end offsets read from the backend are
+        final, and a further version records them.  Producers that do not
+        acknowledge within ``seal_settle_s_max`` are waited for no longer (their
+        late writes would be invisible to readers); the log says which.
+        """
+        if not retiring:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.rt.config.seal_settle_s_max
+        waiter_version = version
+        while True:
+            clients = await self.rt.db(
+                self.rt.store.list_clients, vc, self.rt.config.clients_per_vcluster_max
+            )
+            behind = [
+                c.client_id
+                for c in clients
+                if c.kind == "producer" and name in c.topics and c.acked.get(name, -1) < version
+            ]
+            if not behind:
+                break
+            if loop.time() >= deadline:
+                log.warning(
+                    "sealing %s/%s: producers %s did not acknowledge version %d in %.0f s; "
+                    "recording end offsets without them",
+                    vc,
+                    name,
+                    behind,
+                    version,
+                    self.rt.config.seal_settle_s_max,
+                )
+                break
+            await asyncio.sleep(SEAL_SETTLE_POLL_S)
+        offsets = {epoch.number: await self._end_offsets(epoch) for epoch in retiring}
+        while True:
+            topic, _ = await self.rt.db(self.rt.store.get_topic, vc, name)
+            try:
+                waiter_version = await self.rt.db(
+                    self.rt.store.update_epochs,
+                    vc,
+                    name,
+                    topic.version,
+                    {number: (EpochState.SEALED, ends) for number, ends in offsets.items()},
+                )
+                break
+            except VersionConflict:
+                continue  # another change landed in between; end offsets do not depend on it
+        await self.rt.publish((vc, name), waiter_version)
 
     async def update_epoch(
         self, vc: str, name: str, number: int, request: EpochUpdate, if_match: int | None

@@ -515,9 +515,9 @@ class MetadataStore:
         name: str,
         expected_version: int,
         number: int,
-        sealed: dict[int, dict[int, int]],
+        sealed: dict[int, dict[int, int] | None],
     ) -> int:
-        """One transaction: bump the topic, seal the given epochs with end offsets, ready the new one."""
+        """One transaction: bump the topic, seal the given epochs (end offsets may follow later), ready the new one."""
         with self._tx() as c:
             version = self._cas_topic(c, vc, name, expected_version)
             for sealed_number, end_offsets in sealed.items():
@@ -530,7 +530,7 @@ class MetadataStore:
                     )
                     .values(
                         state=EpochState.SEALED.value,
-                        end_offsets=json.dumps(end_offsets),
+                        end_offsets=json.dumps(end_offsets) if end_offsets is not None else None,
                         updated_ms=now_ms(),
                     )
                 )

@@ -88,8 +88,10 @@ def test_clusters_and_topics_commands(live_url: str) -> None:
     assert [e["cluster"] for e in moved["epochs"]] == ["k1", "ng"]
     assert moved["epochs"][0]["end_offsets"] == {"0": 5, "1": 6, "2": 7}
     sealed = run(topics_app, "seal", "orders", "--json")
-    assert sealed["topic"]["sealed"] and sealed["version"] == 3
-    assert run(topics_app, "describe", "orders", "--json")["version"] == 3
+    # Two-phase: version 3 retires epoch 1 with end offsets unknown, version 4 records them.
+    assert sealed["topic"]["sealed"] and sealed["version"] == 4
+    assert sealed["epochs"][1]["end_offsets"] is not None
+    assert run(topics_app, "describe", "orders", "--json")["version"] == 4
     assert run(topics_app, "reconcile", "--json")["errors"] == []
     run(topics_app, "delete", "orders", "--json")
     assert run(topics_app, "list", "--json") == []
