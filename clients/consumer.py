@@ -27,9 +27,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from clients.metadata import MetadataSource, TopicWatch
+from clients.metadata import MetadataSource, TopicWatch, fetch_metadata
 from clients.pool import BackendPool
-from xinfra.backend import ShardReader
+from xinfra.backend import ReaderOptions, ShardReader
 from xinfra.errors import InvalidRequest, ShardOutOfRange, XinfraError
 from xinfra.model import (
     ConsumedRecord,
@@ -47,6 +47,16 @@ POLL_SLICE_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
+class XinfraConsumerOptions:
+    fetch_bytes_max: int = 8 << 20
+    """Bytes each (topic, epoch) reader may buffer ahead of the application."""
+    metadata_timeout_s: float = 30.0
+    """How long the first metadata of a topic (and ``start``) waits for an unreachable service."""
+    long_poll_s: float = 20.0
+    """One metadata long-poll; a change is seen at once, this only bounds an idle request."""
+
+
+@dataclass(frozen=True, slots=True)
 class XinfraRecord:
     topic: str
     position: Position
@@ -57,6 +67,13 @@ class XinfraRecord:
 
 
 class CommitSink(Protocol):
+    """Where committed positions go: the consumer-group issue plugs the service's checkpoints in.
+
+    ``commit`` returns once the positions are durable; a failed commit raises
+    and the positions stay uncommitted (the consumer re-reads from the last
+    committed ones after a restart: at least once).
+    """
+
     async def commit(self, positions: dict[tuple[str, int], Position]) -> None: ...
 
 
@@ -78,16 +95,25 @@ class _Cursor:
 
 
 class XinfraConsumer:
-    """An asyncio consumer with manual shard assignment."""
+    """An asyncio consumer with manual shard assignment.
+
+    Build with ``clients.open_consumer(...)`` (or ``connect_consumer`` then
+    ``await start()``).  All methods must be called from the event loop that
+    runs the consumer; ``clients.sync.SyncConsumer`` serves blocking code.
+    """
 
     def __init__(
         self,
         source: MetadataSource,
         pool: BackendPool | None = None,
         commit_sink: CommitSink | None = None,
+        options: XinfraConsumerOptions | None = None,
     ) -> None:
         self.source = source
-        self.pool = pool or BackendPool()
+        self.options = options or XinfraConsumerOptions()
+        self.pool = pool or BackendPool(
+            reader_options=ReaderOptions(fetch_bytes_max=self.options.fetch_bytes_max)
+        )
         self.commit_sink = commit_sink
         self._watches: dict[str, TopicWatch] = {}
         self._cursors: dict[tuple[str, int], _Cursor] = {}
@@ -98,11 +124,27 @@ class XinfraConsumer:
 
     # -- metadata --------------------------------------------------------------------------
 
+    async def start(self, topics: Sequence[str] = ()) -> XinfraConsumer:
+        """Check the service and the token now, and fetch the metadata of ``topics``.
+
+        Raises ``Unavailable`` when the service does not answer within
+        ``metadata_timeout_s``, ``Unauthenticated``/``Forbidden`` for a bad token,
+        ``TopicNotFound`` for an unknown topic; returns ``self``.
+        """
+        await self.source.connect(self.options.metadata_timeout_s)
+        for topic in topics:
+            await self.metadata(topic)
+        return self
+
     async def metadata(self, topic: str) -> TopicMetadata:
+        """The metadata this consumer runs on for ``topic`` (fetched and watched on first use)."""
         watch = self._watches.get(topic)
         if watch is None:
-            metadata = await self.source.topic_metadata(topic)
-            watch = TopicWatch(self.source, metadata)
+            metadata = await fetch_metadata(self.source, topic, self.options.metadata_timeout_s)
+            watch = self._watches.get(topic)  # another task may have won the race
+            if watch is not None:
+                return watch.current
+            watch = TopicWatch(self.source, metadata, long_poll_s=self.options.long_poll_s)
             watch.start()
             self._watches[topic] = watch
             with contextlib.suppress(XinfraError):
@@ -142,7 +184,16 @@ class XinfraConsumer:
         return sorted(self._cursors)
 
     def seek(self, topic: str, position: Position) -> None:
+        """Read ``topic`` from ``position`` next (the record at it is the next one returned).
+
+        Raises ``InvalidRequest`` when the shard is not assigned or the epoch is
+        not one of the topic's; an offset outside the epoch's retained records
+        is the backend's to refuse at the next poll.
+        """
         cursor = self._cursor(topic, position.shard)
+        _epoch(self._watches[topic].current, position.epoch)
+        if position.offset < 0:
+            raise InvalidRequest(f"offset {position.offset} is negative")
         cursor.epoch, cursor.offset, cursor.mirror_source = position.epoch, position.offset, None
         cursor.moved = True
 
@@ -187,13 +238,20 @@ class XinfraConsumer:
     def positions(self) -> dict[tuple[str, int], Position]:
         return {key: cursor.position for key, cursor in self._cursors.items()}
 
-    async def commit(self) -> dict[tuple[str, int], Position]:
-        """Hand the current positions to the commit sink (at-least-once after ``poll``)."""
+    async def commit(
+        self, positions: dict[tuple[str, int], Position] | None = None
+    ) -> dict[tuple[str, int], Position]:
+        """Hand positions (default: the current ones) to the commit sink; return what was committed.
+
+        The current positions are past every record ``poll`` returned, so commit
+        after processing them for at-least-once; committing explicit positions
+        (a record's position with offset + 1) commits finer.
+        """
         if self.commit_sink is None:
             raise InvalidRequest("no commit sink: join a consumer group or pass commit_sink=")
-        positions = self.positions()
-        await self.commit_sink.commit(positions)
-        return positions
+        chosen = self.positions() if positions is None else dict(positions)
+        await self.commit_sink.commit(chosen)
+        return chosen
 
     # -- polling ---------------------------------------------------------------------------
 
@@ -201,6 +259,7 @@ class XinfraConsumer:
         """Up to ``max_records`` records from the assigned shards, each shard in order, through epochs."""
         if self._closed:
             raise InvalidRequest("the consumer is closed")
+        self._check()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
@@ -227,13 +286,23 @@ class XinfraConsumer:
                 return []
 
     def _accept(self, key: tuple[str, int], raw: Sequence[ConsumedRecord]) -> list[XinfraRecord]:
+        """Keep the records that are next for their cursor, move the cursors past them.
+
+        Drops records of unassigned, paused or moved-on shards, records below
+        the cursor (already delivered), past a sealed epoch's end offset (written
+        after a virtual seal), and the mirrored prefix after crossing into a
+        migration target.
+        """
         topic, epoch_number = key
         metadata = self._watches[topic].current
         epoch = _epoch(metadata, epoch_number)
+        ends = epoch.end_offsets
+        cursors = self._cursors
         out: list[XinfraRecord] = []
+        append = out.append
         for record in raw:
             shard, offset = record.shard, record.offset
-            cursor = self._cursors.get((topic, shard))
+            cursor = cursors.get((topic, shard))
             if (
                 cursor is None
                 or cursor.paused
@@ -241,7 +310,7 @@ class XinfraConsumer:
                 or offset < cursor.offset
             ):
                 continue  # unassigned, paused, moved on, or already delivered
-            if epoch.end_offsets is not None and offset >= epoch.end_offsets.get(shard, 0):
+            if ends is not None and offset >= ends.get(shard, 0):
                 continue  # written after the virtual seal: not part of the topic
             cursor.offset = offset + 1
             headers = record.headers
@@ -251,7 +320,7 @@ class XinfraConsumer:
                     if mirrored.offset < cursor.mirror_source[1]:
                         continue  # delivered from the source epoch already
                     cursor.mirror_source = None  # past the mirrored prefix
-            out.append(
+            append(
                 XinfraRecord(
                     topic,
                     Position(epoch_number, shard, offset),
@@ -334,6 +403,13 @@ class XinfraConsumer:
             return {shard: epoch.end_offsets.get(shard, 0) for shard in shards}
         return await self._reader(topic, metadata, epoch).end_offsets(shards)
 
+    def _check(self) -> None:
+        """Raise what the service said that no retry cures (revoked token, deleted topic)."""
+        self.source.check()
+        for watch in self._watches.values():
+            if watch.error is not None and any(t == watch.topic for t, _ in self._cursors):
+                raise watch.error
+
     def _cursor(self, topic: str, shard: int) -> _Cursor:
         cursor = self._cursors.get((topic, shard))
         if cursor is None:
@@ -356,6 +432,12 @@ class XinfraConsumer:
             await watch.close()
         await self.pool.close()
         await self.source.close()
+
+    async def __aenter__(self) -> XinfraConsumer:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
 
 
 def _epoch(metadata: TopicMetadata, number: int) -> Epoch:

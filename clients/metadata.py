@@ -5,6 +5,11 @@ service; ``clients.service`` implements it over HTTP.  ``TopicWatch`` keeps the
 latest ``TopicMetadata`` of one topic current by long-polling, and keeps the
 last good copy when the service is down: data that can still flow keeps
 flowing, and the watch retries with capped exponential backoff.
+
+Errors the service gives that no retry will cure (a revoked token, a token
+scoped elsewhere, a deleted topic) are kept on the watch as ``error``; the
+producer and the consumer raise them on their next call, so the application
+learns of them instead of a log line.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from xinfra.errors import XinfraError
+from xinfra.errors import Forbidden, NotFound, Unauthenticated, Unavailable, XinfraError
 from xinfra.model import TopicMetadata
 
 log = logging.getLogger(__name__)
@@ -23,8 +28,19 @@ log = logging.getLogger(__name__)
 BACKOFF_S_MIN = 0.1
 BACKOFF_S_MAX = 5.0
 
+FATAL_ERRORS: tuple[type[XinfraError], ...] = (Unauthenticated, Forbidden, NotFound)
+"""Service answers that mean the client must stop using the topic, not retry."""
+
 
 class MetadataSource(Protocol):
+    async def connect(self, timeout_s: float) -> None:
+        """Check the service answers and accepts the token, retrying for up to ``timeout_s``.
+
+        Raises ``Unauthenticated``, ``Forbidden``, ``NotFound`` (no such virtual
+        cluster) at once, ``Unavailable`` once the time is up.
+        """
+        ...
+
     async def topic_metadata(self, topic: str) -> TopicMetadata:
         """The current metadata; raises ``TopicNotFound``, ``Unauthenticated``, ``Unavailable``."""
         ...
@@ -39,9 +55,39 @@ class MetadataSource(Protocol):
         """Tell the service this client now runs on ``version`` of the topic."""
         ...
 
+    def check(self) -> None:
+        """Raise the fatal error the service last gave (a revoked token), if any."""
+        ...
+
     async def close(self) -> None:
         """Unregister and release connections."""
         ...
+
+
+async def fetch_metadata(source: MetadataSource, topic: str, timeout_s: float) -> TopicMetadata:
+    """First metadata of a topic, retrying an unreachable service with backoff up to ``timeout_s``.
+
+    A client has nothing to run on before its first metadata, so unlike the
+    watch this gives up: ``Unavailable`` after the time, and at once any
+    non-retriable error (``TopicNotFound``, ``Unauthenticated``, ...).
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    backoff_s = BACKOFF_S_MIN
+    while True:
+        try:
+            return await source.topic_metadata(topic)
+        except XinfraError as error:
+            remaining_s = deadline - loop.time()
+            if not error.retriable:
+                raise
+            if remaining_s <= 0:
+                raise Unavailable(
+                    f"no metadata for topic {topic!r} after {timeout_s:.1f} s: {error.message}; "
+                    "check the metadata service URL (XINFRA_METADATA_URL) and that it runs"
+                ) from error
+            await asyncio.sleep(min(backoff_s, remaining_s))
+            backoff_s = min(backoff_s * 2, BACKOFF_S_MAX)
 
 
 class TopicWatch:
@@ -62,6 +108,8 @@ class TopicWatch:
     ) -> None:
         self.source = source
         self.current = metadata
+        self.error: XinfraError | None = None
+        """The last fatal answer of the service (revoked token, deleted topic); None when fine."""
         self._settle = settle
         self._long_poll_s = long_poll_s
         self._task: asyncio.Task[None] | None = None
@@ -99,6 +147,7 @@ class TopicWatch:
                 newer = await self.source.wait_for_change(
                     self.topic, self.current.version, self._long_poll_s
                 )
+                self.error = None
                 if newer is not None and newer.version > self.current.version:
                     self.apply(newer)
                     if self._settle is not None:
@@ -107,6 +156,9 @@ class TopicWatch:
                 backoff_s = BACKOFF_S_MIN
             except XinfraError as error:
                 # Keep the last metadata: producing and consuming go on while the service is away.
+                if isinstance(error, FATAL_ERRORS):
+                    self.error = error
+                    backoff_s = BACKOFF_S_MAX
                 log.warning(
                     "metadata watch on %s: %s; retrying in %.1f s", self.topic, error, backoff_s
                 )

@@ -32,7 +32,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from clients.metadata import MetadataSource, TopicWatch
+from clients.metadata import MetadataSource, TopicWatch, fetch_metadata
 from clients.pool import BackendPool
 from xinfra.backend import ProducerOptions
 from xinfra.errors import (
@@ -50,25 +50,39 @@ from xinfra.model import Epoch, Header, Position, Record, TopicMetadata, mirror_
 log = logging.getLogger(__name__)
 
 
+RECORD_OVERHEAD_BYTES = 64
+"""Memory a queued record costs beyond its payload (future, slots, list entry): counted against
+``buffer_bytes_max`` so that a flood of empty records is bounded too."""
+
+
 @dataclass(frozen=True, slots=True)
 class XinfraProducerOptions:
+    """Bounds and timings of a producer; each buffer has a limit and a designed behaviour at it."""
+
     linger_ms: float = 5.0
+    """How long a partial batch waits for more records (a full one goes at once)."""
     batch_records_max: int = 5_000
     batch_bytes_max: int = 1 << 20
     buffer_bytes_max: int = 64 << 20
+    """Payload (plus ``RECORD_OVERHEAD_BYTES`` per record) waiting for acknowledgement."""
     record_bytes_max: int = 1 << 20
+    """A larger record raises ``RecordTooLarge`` at ``send`` and is never queued."""
     send_timeout_s: float = 30.0
     """How long ``send`` waits for buffer room before ``Backpressure``."""
     delivery_timeout_s: float = 120.0
     """How long a batch is retried before its records fail with ``Timeout``."""
     retry_backoff_s_max: float = 2.0
+    metadata_timeout_s: float = 30.0
+    """How long the first metadata of a topic (and ``start``) waits for an unreachable service."""
+    long_poll_s: float = 20.0
+    """One metadata long-poll; a change is seen at once, this only bounds an idle request."""
 
     def backend_options(self) -> ProducerOptions:
         # The SDK batches; the backend should send what it gets at once.
         return ProducerOptions(
             linger_ms=1.0,
             batch_bytes_max=self.batch_bytes_max,
-            buffer_bytes_max=self.buffer_bytes_max,
+            buffer_bytes_max=self.buffer_bytes_max + (self.batch_bytes_max << 1),
             record_bytes_max=self.record_bytes_max,
         )
 
@@ -78,22 +92,35 @@ class _Queued:
     record: Record
     future: asyncio.Future[Position]
     size: int
+    """Bytes reserved in the buffer for this record (payload + overhead)."""
 
 
 @dataclass
 class _ShardQueue:
-    """Records waiting for one shard of one topic, and the one task that sends them."""
+    """Records waiting for one shard of one topic, and the one task that sends them.
+
+    ``appended`` counts records ever queued, ``completed`` those whose future is
+    resolved (acknowledged or failed); both only grow, so ``flush`` waits for
+    ``completed`` to reach the ``appended`` it saw.
+    """
 
     topic: str
     shard: int
     items: list[_Queued] = field(default_factory=list)
     bytes: int = 0
+    appended: int = 0
+    completed: int = 0
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
 
 
 class XinfraProducer:
-    """An asyncio producer over virtual topics.  Create with ``await XinfraProducer.start(...)``."""
+    """An asyncio producer over virtual topics.
+
+    Build with ``clients.open_producer(...)`` (or ``connect_producer`` then
+    ``await start()``).  All methods must be called from the event loop that
+    runs the producer; ``clients.sync.SyncProducer`` serves blocking code.
+    """
 
     def __init__(
         self,
@@ -109,14 +136,27 @@ class XinfraProducer:
         self._queues: dict[tuple[str, int], _ShardQueue] = {}
         self._sticky: dict[str, itertools.cycle[int]] = {}
         self._sticky_shard: dict[str, int] = {}
-        self._unacknowledged: set[asyncio.Future[Position]] = set()
         self._writes_in_flight: dict[tuple[str, int], int] = {}  # (topic, version) -> count
         self._writes_done = asyncio.Condition()
+        self._progress = asyncio.Condition()
         self._buffered_bytes = 0
+        self._room_waiters = 0
         self._room = asyncio.Condition()
         self._closed = False
 
     # -- metadata --------------------------------------------------------------------------
+
+    async def start(self, topics: Sequence[str] = ()) -> XinfraProducer:
+        """Check the service and the token now, and fetch the metadata of ``topics``.
+
+        Raises ``Unavailable`` when the service does not answer within
+        ``metadata_timeout_s``, ``Unauthenticated``/``Forbidden`` for a bad token,
+        ``TopicNotFound`` for an unknown topic; returns ``self``.
+        """
+        await self.source.connect(self.options.metadata_timeout_s)
+        for topic in topics:
+            await self.metadata(topic)
+        return self
 
     async def metadata(self, topic: str) -> TopicMetadata:
         """The metadata this producer runs on for ``topic`` (fetched and watched on first use)."""
@@ -125,8 +165,15 @@ class XinfraProducer:
             async with self._watch_lock:
                 watch = self._watches.get(topic)
                 if watch is None:
-                    metadata = await self.source.topic_metadata(topic)
-                    watch = TopicWatch(self.source, metadata, settle=self._settle)
+                    metadata = await fetch_metadata(
+                        self.source, topic, self.options.metadata_timeout_s
+                    )
+                    watch = TopicWatch(
+                        self.source,
+                        metadata,
+                        settle=self._settle,
+                        long_poll_s=self.options.long_poll_s,
+                    )
                     watch.start()
                     self._watches[topic] = watch
                     with contextlib.suppress(XinfraError):
@@ -148,37 +195,61 @@ class XinfraProducer:
         """Queue one record; the returned future resolves to its position once it is committed.
 
         Raises at once ``TopicNotFound``, ``ShardOutOfRange``, ``RecordTooLarge``,
-        ``Backpressure`` (after ``send_timeout_s``) or ``InvalidRequest`` (closed).
+        ``Backpressure`` (no room after ``send_timeout_s``), ``Unauthenticated``
+        (the token was revoked) or ``InvalidRequest`` (closed).  Later failures
+        (``Timeout`` after ``delivery_timeout_s``, a non-retriable backend
+        error) arrive through the future; such a record may or may not be stored.
         """
         if self._closed:
             raise InvalidRequest("the producer is closed")
-        record = Record(value=value, key=key, headers=tuple(headers), timestamp_ms=timestamp_ms)
+        record = Record(value, key, tuple(headers), timestamp_ms)
         size = record.size_bytes()
         if size > self.options.record_bytes_max:
             raise RecordTooLarge(
-                f"record of {size} bytes exceeds record_bytes_max={self.options.record_bytes_max}"
+                f"record of {size} bytes exceeds record_bytes_max={self.options.record_bytes_max}; "
+                "split it or raise the limit (the broker's own limit applies too)"
             )
-        metadata = await self.metadata(topic)
-        shard = self._route(metadata, record, shard)
-        await self._reserve(size)
+        watch = self._watches.get(topic)
+        if watch is None:
+            await self.metadata(topic)
+            watch = self._watches[topic]
+        if watch.error is not None:
+            raise watch.error
+        self.source.check()
+        shard = self._route(watch.current, record, shard)
+        size += RECORD_OVERHEAD_BYTES
+        if self._room_waiters or self._buffered_bytes + size > self.options.buffer_bytes_max:
+            await self._reserve(size)
+        else:
+            self._buffered_bytes += size
         future: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
-        self._unacknowledged.add(future)
-        future.add_done_callback(self._unacknowledged.discard)
-        queue = self._queue(topic, shard)
+        queue = self._queues.get((topic, shard)) or self._queue(topic, shard)
         queue.items.append(_Queued(record, future, size))
         queue.bytes += size
+        queue.appended += 1
         if (
-            len(queue.items) >= self.options.batch_records_max
+            len(queue.items) == 1  # start the linger clock
+            or len(queue.items) >= self.options.batch_records_max
             or queue.bytes >= self.options.batch_bytes_max
         ):
             queue.wakeup.set()
-        elif len(queue.items) == 1:
-            queue.wakeup.set()  # start the linger clock
         return future
 
-    async def produce(self, topic: str, value: bytes | None, **kwargs: object) -> Position:
-        """``send`` and wait for the position."""
-        return await (await self.send(topic, value, **kwargs))  # type: ignore[arg-type]
+    async def produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[Header] = (),
+        timestamp_ms: int | None = None,
+        shard: int | None = None,
+    ) -> Position:
+        """``send`` and wait for the position (one record at a time: slow, for tools and tests)."""
+        future = await self.send(
+            topic, value, key=key, headers=headers, timestamp_ms=timestamp_ms, shard=shard
+        )
+        return await future
 
     def _route(self, metadata: TopicMetadata, record: Record, shard: int | None) -> int:
         epoch = metadata.current_epoch
@@ -186,7 +257,8 @@ class XinfraProducer:
         if shard is not None:
             if not 0 <= shard < count:
                 raise ShardOutOfRange(
-                    f"shard {shard} is out of range for topic {metadata.topic.name!r} with {count} shards"
+                    f"shard {shard} is out of range for topic {metadata.topic.name!r} "
+                    f"with {count} shards (0..{count - 1})"
                 )
             return shard
         if record.key is not None:
@@ -198,6 +270,7 @@ class XinfraProducer:
         return sticky
 
     def _next_sticky(self, topic: str, count: int) -> int:
+        """Keyless records stick to one shard per batch, then rotate: even spread, full batches."""
         cycle = self._sticky.get(topic)
         if cycle is None:
             start = hash(id(self)) % count
@@ -208,28 +281,33 @@ class XinfraProducer:
         return shard
 
     async def _reserve(self, size: int) -> None:
-        if self._buffered_bytes + size <= self.options.buffer_bytes_max:
-            self._buffered_bytes += size
-            return
-        async with self._room:
-            try:
-                await asyncio.wait_for(
-                    self._room.wait_for(
-                        lambda: self._buffered_bytes + size <= self.options.buffer_bytes_max
-                    ),
-                    self.options.send_timeout_s,
-                )
-            except TimeoutError:
-                raise Backpressure(
-                    f"{self._buffered_bytes} bytes await acknowledgement (buffer_bytes_max="
-                    f"{self.options.buffer_bytes_max}); slow down or raise the limit"
-                ) from None
-            self._buffered_bytes += size
+        """Wait for room in the buffer (first come, first served), up to ``send_timeout_s``."""
+        self._room_waiters += 1
+        try:
+            async with self._room:
+                try:
+                    await asyncio.wait_for(
+                        self._room.wait_for(
+                            lambda: self._buffered_bytes + size <= self.options.buffer_bytes_max
+                        ),
+                        self.options.send_timeout_s,
+                    )
+                except TimeoutError:
+                    raise Backpressure(
+                        f"{self._buffered_bytes} bytes await acknowledgement (buffer_bytes_max="
+                        f"{self.options.buffer_bytes_max}) for {self.options.send_timeout_s} s; "
+                        "slow down, or raise the limit"
+                    ) from None
+                self._buffered_bytes += size
+        finally:
+            self._room_waiters -= 1
 
     async def _release(self, size: int) -> None:
         self._buffered_bytes -= size
-        async with self._room:
-            self._room.notify_all()
+        assert self._buffered_bytes >= 0, "released more buffer than was reserved"
+        if self._room_waiters:
+            async with self._room:
+                self._room.notify_all()
 
     def _queue(self, topic: str, shard: int) -> _ShardQueue:
         queue = self._queues.get((topic, shard))
@@ -242,7 +320,12 @@ class XinfraProducer:
         return queue
 
     async def _sender(self, queue: _ShardQueue) -> None:
-        """Linger, take a batch, deliver it to every write epoch; one batch in flight per shard."""
+        """Linger, take a batch, deliver it to every write epoch; one batch in flight per shard.
+
+        While a batch is in flight the queue fills, so under load the next
+        batch is as large as the limits allow: throughput comes from batch
+        size, order from having one batch in flight.
+        """
         linger_s = self.options.linger_ms / 1000
         while True:
             await queue.wakeup.wait()
@@ -259,8 +342,7 @@ class XinfraProducer:
                 queue.wakeup.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(queue.wakeup.wait(), linger_s)
-            batch = queue.items[: self.options.batch_records_max]
-            del queue.items[: len(batch)]
+            batch = self._take_batch(queue)
             batch_bytes = sum(item.size for item in batch)
             queue.bytes -= batch_bytes
             if self._sticky_shard.get(queue.topic) == queue.shard:
@@ -270,8 +352,36 @@ class XinfraProducer:
                 queue.wakeup.clear()
             try:
                 await self._deliver(queue.topic, queue.shard, batch)
+            except asyncio.CancelledError:
+                self._fail(batch, InvalidRequest("the producer was cancelled before delivery"))
+                raise
+            except Exception as error:  # a bug: fail the batch loudly, keep the shard going
+                log.exception("producer %s/%s: delivery failed", queue.topic, queue.shard)
+                self._fail(batch, error)
             finally:
+                queue.completed += len(batch)
                 await self._release(batch_bytes)
+                async with self._progress:
+                    self._progress.notify_all()
+
+    def _take_batch(self, queue: _ShardQueue) -> list[_Queued]:
+        """The oldest records up to the batch limits (always at least one)."""
+        records_max = self.options.batch_records_max
+        bytes_max = self.options.batch_bytes_max
+        if queue.bytes <= bytes_max and len(queue.items) <= records_max:
+            batch = queue.items
+            queue.items = []
+            return batch
+        total = 0
+        count = 0
+        for item in queue.items[:records_max]:
+            if count and total + item.size > bytes_max:
+                break
+            total += item.size
+            count += 1
+        batch = queue.items[:count]
+        del queue.items[:count]
+        return batch
 
     async def _deliver(self, topic: str, shard: int, batch: list[_Queued]) -> None:
         """Write the batch to each write epoch in order, retrying what failed, until the deadline."""
@@ -360,16 +470,22 @@ class XinfraProducer:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def flush(self) -> None:
-        """Return when every record sent before this call is acknowledged or failed."""
-        futures = list(self._unacknowledged)
-        for queue in self._queues.values():
-            queue.wakeup.set()
-        if futures:
-            await asyncio.wait(futures)
+        """Return when every record sent before this call is acknowledged or failed.
+
+        Failures are reported through the records' futures, not raised here.
+        """
+        targets = [(queue, queue.appended) for queue in self._queues.values()]
+        for queue, _ in targets:
+            if queue.items:
+                queue.wakeup.set()
+        async with self._progress:
+            await self._progress.wait_for(
+                lambda: all(queue.completed >= target for queue, target in targets)
+            )
         await self.pool.flush()
 
     async def close(self) -> None:
-        """Flush, stop the watches and senders, close connections.  Idempotent."""
+        """Flush, stop the watches and senders, close connections.  Idempotent; loses nothing."""
         if self._closed:
             return
         await self.flush()
@@ -383,3 +499,9 @@ class XinfraProducer:
             await watch.close()
         await self.pool.close()
         await self.source.close()
+
+    async def __aenter__(self) -> XinfraProducer:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()

@@ -19,7 +19,8 @@ from typing import Any
 
 import httpx
 
-from xinfra.errors import NotFound, Timeout, Unavailable, XinfraError
+from clients.metadata import BACKOFF_S_MAX, BACKOFF_S_MIN
+from xinfra.errors import Forbidden, NotFound, Timeout, Unauthenticated, Unavailable, XinfraError
 from xinfra.model import TopicMetadata
 from xinfra.rest import MetadataClient, resolve_token
 from xinfra.settings import Settings, get_settings
@@ -27,7 +28,9 @@ from xinfra.settings import Settings, get_settings
 log = logging.getLogger(__name__)
 
 LEASE_S = 30.0
+"""Registration lease: the service forgets a client that has not heartbeated for this long."""
 LONG_POLL_MARGIN_S = 10.0
+"""How much longer than the long-poll itself the HTTP request may take."""
 
 
 class ServiceSource:
@@ -42,9 +45,11 @@ class ServiceSource:
         virtual_cluster: str | None = None,
         client_id: str | None = None,
         settings: Settings | None = None,
+        lease_s: float = LEASE_S,
     ) -> None:
         s = settings or get_settings()
         self.kind = kind
+        self.lease_s = lease_s
         self.virtual_cluster = virtual_cluster or s.virtual_cluster
         self.client_id = client_id or f"{kind}-{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         self.url = (url or s.metadata_url).rstrip("/")
@@ -57,6 +62,7 @@ class ServiceSource:
         self._versions: dict[str, int] = {}
         self._registered_topics: list[str] | None = None
         self._heartbeat_task: asyncio.Task[None] | None = None
+        self._fatal: XinfraError | None = None
 
     async def _call(
         self, method: str, path: str, timeout_s: float | None = None, **kwargs: Any
@@ -75,8 +81,44 @@ class ServiceSource:
                 f"the metadata service at {self.url} is unreachable ({error})"
             ) from None
         if response.status_code >= 400:
-            raise MetadataClient._error(response)
+            problem = MetadataClient._error(response)
+            if isinstance(problem, Unauthenticated | Forbidden):
+                self._fatal = problem
+            raise problem
+        if self._fatal is not None and response.status_code < 300:
+            self._fatal = None  # the token works again (re-created under the same secret)
         return response.json() if response.content else None
+
+    async def connect(self, timeout_s: float) -> None:
+        """Check the service answers and accepts the token for this virtual cluster.
+
+        Retries an unreachable service with backoff for up to ``timeout_s``,
+        then raises ``Unavailable`` naming the URL; a bad token or an unknown
+        virtual cluster raises at once.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        backoff_s = BACKOFF_S_MIN
+        while True:
+            try:
+                await self._call("GET", f"/v1/vclusters/{self.virtual_cluster}")
+                return
+            except XinfraError as error:
+                remaining_s = deadline - loop.time()
+                if not error.retriable:
+                    raise
+                if remaining_s <= 0:
+                    raise Unavailable(
+                        f"the metadata service at {self.url} did not answer in {timeout_s:.1f} s "
+                        f"({error.message}); check XINFRA_METADATA_URL and that the service runs"
+                    ) from error
+                await asyncio.sleep(min(backoff_s, remaining_s))
+                backoff_s = min(backoff_s * 2, BACKOFF_S_MAX)
+
+    def check(self) -> None:
+        """Raise the authentication error the service last gave, if any (a revoked token)."""
+        if self._fatal is not None:
+            raise self._fatal
 
     def _topic_path(self, topic: str) -> str:
         return f"/v1/vclusters/{self.virtual_cluster}/topics/{topic}/metadata"
@@ -117,7 +159,7 @@ class ServiceSource:
                 "kind": self.kind,
                 "topics": topics,
                 "host": socket.gethostname(),
-                "ttl_s": LEASE_S,
+                "ttl_s": self.lease_s,
             },
         )
         self._registered_topics = topics
@@ -132,7 +174,7 @@ class ServiceSource:
 
     async def _heartbeats(self) -> None:
         while True:
-            await asyncio.sleep(LEASE_S / 3)
+            await asyncio.sleep(self.lease_s / 3)
             try:
                 await self.heartbeat()
             except XinfraError as error:

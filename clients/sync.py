@@ -43,11 +43,20 @@ class LoopThread:
 
 
 class SyncProducer:
-    """``XinfraProducer`` for blocking code: ``send`` returns a ``concurrent.futures.Future``."""
+    """``XinfraProducer`` for blocking code: ``send`` returns a ``concurrent.futures.Future``.
+
+    Thread safe: any thread may call ``send``; records one thread sends to one
+    shard keep their order.  ``build`` runs on the producer's own loop, e.g.
+    ``SyncProducer(lambda: open_producer(url, token, vc))``.
+    """
 
     def __init__(self, build: Callable[[], Awaitable[XinfraProducer]]) -> None:
         self._thread = LoopThread("xinfra-producer")
-        self._producer = self._thread.run(_await(build))
+        try:
+            self._producer = self._thread.run(_await(build))
+        except BaseException:
+            self._thread.stop()
+            raise
 
     def send(
         self,
@@ -59,6 +68,8 @@ class SyncProducer:
         timestamp_ms: int | None = None,
         shard: int | None = None,
     ) -> concurrent.futures.Future[Position]:
+        """Queue a record; errors ``XinfraProducer.send`` raises at once come through the future."""
+
         async def queue() -> Position:
             future = await self._producer.send(
                 topic, value, key=key, headers=headers, timestamp_ms=timestamp_ms, shard=shard
@@ -66,6 +77,18 @@ class SyncProducer:
             return await future
 
         return self._thread.submit(queue())
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        shard: int | None = None,
+        timeout_s: float | None = None,
+    ) -> Position:
+        """Send one record and wait for its position."""
+        return self.send(topic, value, key=key, shard=shard).result(timeout_s)
 
     def flush(self) -> None:
         self._thread.run(self._producer.flush())
@@ -76,13 +99,23 @@ class SyncProducer:
         finally:
             self._thread.stop()
 
+    def __enter__(self) -> SyncProducer:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
 
 class SyncConsumer:
-    """``XinfraConsumer`` for blocking code."""
+    """``XinfraConsumer`` for blocking code; one thread at a time should drive it."""
 
     def __init__(self, build: Callable[[], Awaitable[XinfraConsumer]]) -> None:
         self._thread = LoopThread("xinfra-consumer")
-        self._consumer = self._thread.run(_await(build))
+        try:
+            self._consumer = self._thread.run(_await(build))
+        except BaseException:
+            self._thread.stop()
+            raise
 
     def assign(
         self, topic: str, shards: Sequence[int] | None = None, start: StartAt | int = "earliest"
@@ -92,17 +125,45 @@ class SyncConsumer:
     def seek(self, topic: str, position: Position) -> None:
         self._thread.run(_call(lambda: self._consumer.seek(topic, position)))
 
+    def seek_to_beginning(self, topic: str, shards: Sequence[int] | None = None) -> None:
+        self._thread.run(self._consumer.seek_to_beginning(topic, shards))
+
+    def seek_to_end(self, topic: str, shards: Sequence[int] | None = None) -> None:
+        self._thread.run(self._consumer.seek_to_end(topic, shards))
+
+    def seek_to_timestamp(
+        self, topic: str, timestamp_ms: int, shards: Sequence[int] | None = None
+    ) -> None:
+        self._thread.run(self._consumer.seek_to_timestamp(topic, timestamp_ms, shards))
+
+    def pause(self, topic: str, shards: Sequence[int]) -> None:
+        self._thread.run(_call(lambda: self._consumer.pause(topic, shards)))
+
+    def resume(self, topic: str, shards: Sequence[int]) -> None:
+        self._thread.run(_call(lambda: self._consumer.resume(topic, shards)))
+
     def poll(self, max_records: int = 1000, timeout_s: float = 1.0) -> list[XinfraRecord]:
         return self._thread.run(self._consumer.poll(max_records, timeout_s))
 
     def positions(self) -> dict[tuple[str, int], Position]:
         return self._thread.run(_call(self._consumer.positions))
 
+    def commit(
+        self, positions: dict[tuple[str, int], Position] | None = None
+    ) -> dict[tuple[str, int], Position]:
+        return self._thread.run(self._consumer.commit(positions))
+
     def close(self) -> None:
         try:
             self._thread.run(self._consumer.close())
         finally:
             self._thread.stop()
+
+    def __enter__(self) -> SyncConsumer:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
 
 async def _await(build: Callable[[], Awaitable[T]]) -> T:

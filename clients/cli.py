@@ -1,0 +1,441 @@
+"""``xinfra produce`` and ``xinfra consume``: virtual topics from the shell, like Kafka's console tools.
+
+``produce`` reads stdin: one record per line (the value; with ``--key-separator``
+the text before the first separator is the key), or with ``--json`` one JSON
+object per line ``{"key": str|null, "value": str|null, "headers": {str: str},
+"shard": int, "timestamp_ms": int}`` (every field optional).  ``consume``
+writes one line per record: the value (with ``--print-key``, key, separator,
+value), or with ``--json`` one object ``{"topic", "epoch", "shard", "offset",
+"timestamp_ms", "key", "value", "headers"}``.  Bytes that are not UTF-8 are
+written with backslash escapes.
+
+Both show records and rates on stderr (rich), so stdout stays data; with
+``--json`` the last stdout line of ``produce`` is a summary object.  Exit
+codes follow ``xinfra.cli``: 0 success, 1 failure (some records not
+acknowledged, a bad topic, a revoked token), 3 the metadata service is
+unreachable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Annotated, Any, BinaryIO
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from clients import (
+    XinfraConsumerOptions,
+    XinfraProducer,
+    XinfraProducerOptions,
+    open_consumer,
+    open_producer,
+)
+from clients.consumer import XinfraConsumer, XinfraRecord
+from xinfra.errors import InvalidRequest, Unavailable, XinfraError
+from xinfra.model import Position
+
+err = Console(stderr=True)
+
+STDIN_CHUNK_BYTES = 1 << 20
+"""How much of stdin one read takes; at most ``STDIN_CHUNKS_MAX`` chunks wait to be sent."""
+STDIN_CHUNKS_MAX = 8
+EXIT_FAILED = 1
+EXIT_UNREACHABLE = 3
+
+UrlOption = Annotated[
+    str | None, typer.Option("--url", help="Metadata service URL (XINFRA_METADATA_URL).")
+]
+TokenOption = Annotated[str | None, typer.Option("--token", help="API token (XINFRA_TOKEN).")]
+VcOption = Annotated[
+    str | None,
+    typer.Option("--vcluster", "--vc", help="Virtual cluster (XINFRA_VIRTUAL_CLUSTER)."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="JSON lines in and out.")]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")]
+TimeoutOption = Annotated[
+    float,
+    typer.Option("--connect-timeout-s", help="How long to wait for an unreachable service."),
+]
+
+
+@contextlib.contextmanager
+def _exit_codes() -> Iterator[None]:
+    """Service and SDK errors become a red message and an exit code that means something."""
+    try:
+        yield
+    except Unavailable as error:
+        err.print(f"[red]{escape(error.message)}[/red]")
+        raise typer.Exit(EXIT_UNREACHABLE) from None
+    except XinfraError as error:
+        err.print(f"[red]{escape(error.message)} {escape(f'[{error.code}]')}[/red]")
+        raise typer.Exit(EXIT_FAILED) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def _progress(quiet: bool) -> Progress:
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TextColumn("[bold]{task.completed:,.0f}[/bold] records"),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=quiet,
+    )
+
+
+def _rate(count: int, started: float) -> str:
+    elapsed_s = max(time.monotonic() - started, 1e-9)
+    return f"{count / elapsed_s:,.0f} rec/s"
+
+
+# ---- produce -------------------------------------------------------------------------------
+
+
+def _parse_line(
+    line: bytes, as_json: bool, key_separator: str | None, shard: int | None
+) -> dict[str, Any]:
+    """One stdin line as send() keyword arguments."""
+    if as_json:
+        try:
+            body = json.loads(line)
+        except ValueError as error:
+            raise InvalidRequest(f"line is not JSON ({error}): {line[:200]!r}") from None
+        if not isinstance(body, dict):
+            raise InvalidRequest(f"a JSON line must be an object: {line[:200]!r}")
+        unknown = set(body) - {"key", "value", "headers", "shard", "timestamp_ms"}
+        if unknown:
+            raise InvalidRequest(f"unknown fields {sorted(unknown)} in {line[:200]!r}")
+        key, value = body.get("key"), body.get("value")
+        headers = body.get("headers") or {}
+        return {
+            "key": None if key is None else str(key).encode(),
+            "value": None if value is None else str(value).encode(),
+            "headers": [(str(name), str(v).encode()) for name, v in headers.items()],
+            "shard": body.get("shard", shard),
+            "timestamp_ms": body.get("timestamp_ms"),
+        }
+    if key_separator is not None:
+        key, found, value = line.partition(key_separator.encode())
+        if not found:
+            raise InvalidRequest(f"no key separator {key_separator!r} in line {line[:200]!r}")
+        return {"key": key, "value": value, "shard": shard}
+    return {"value": line, "shard": shard}
+
+
+def _read_stdin(
+    stream: BinaryIO,
+    loop: asyncio.AbstractEventLoop,
+    queue: asyncio.Queue[list[bytes] | None],
+    stop: threading.Event,
+) -> None:
+    """Feed chunks of lines to the loop; blocks (back-pressure) while the queue is full."""
+    try:
+        while not stop.is_set():
+            lines = stream.readlines(STDIN_CHUNK_BYTES)
+            if not lines:
+                break
+            asyncio.run_coroutine_threadsafe(queue.put(lines), loop).result()
+    finally:
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+            asyncio.run_coroutine_threadsafe(queue.put(None), loop).result()
+
+
+async def _produce(
+    topic: str,
+    *,
+    url: str | None,
+    token: str | None,
+    vc: str | None,
+    as_json: bool,
+    key_separator: str | None,
+    shard: int | None,
+    linger_ms: float,
+    rate_max: float | None,
+    connect_timeout_s: float,
+    quiet: bool,
+    stream: BinaryIO,
+) -> dict[str, Any]:
+    options = XinfraProducerOptions(linger_ms=linger_ms, metadata_timeout_s=connect_timeout_s)
+    producer: XinfraProducer = await open_producer(url, token, vc, options=options, topics=[topic])
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[list[bytes] | None] = asyncio.Queue(STDIN_CHUNKS_MAX)
+    stop = threading.Event()
+    reader = threading.Thread(
+        target=_read_stdin, args=(stream, loop, queue, stop), name="stdin", daemon=True
+    )
+    counts = {"sent": 0, "acknowledged": 0, "failed": 0}
+    first_error: list[BaseException] = []
+
+    def done(future: asyncio.Future[Position]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            counts["failed"] += 1
+            if not first_error:
+                first_error.append(future.exception() or asyncio.CancelledError())
+        else:
+            counts["acknowledged"] += 1
+
+    started = time.monotonic()
+    reader.start()
+    try:
+        with _progress(quiet) as progress:
+            task = progress.add_task(f"producing to {topic}", total=None, rate="")
+            while (lines := await queue.get()) is not None:
+                for raw in lines:
+                    line = raw.rstrip(b"\r\n")
+                    if not line and not as_json:
+                        continue
+                    if as_json and not line.strip():
+                        continue
+                    future = await producer.send(
+                        topic, **_parse_line(line, as_json, key_separator, shard)
+                    )
+                    future.add_done_callback(done)
+                    counts["sent"] += 1
+                    if rate_max is not None:
+                        ahead_s = counts["sent"] / rate_max - (time.monotonic() - started)
+                        if ahead_s > 0:
+                            await asyncio.sleep(ahead_s)
+                progress.update(
+                    task, completed=counts["acknowledged"], rate=_rate(counts["sent"], started)
+                )
+            await producer.flush()
+            progress.update(task, completed=counts["acknowledged"])
+    finally:
+        stop.set()
+        await producer.close()
+    elapsed_s = time.monotonic() - started
+    summary: dict[str, Any] = {
+        "topic": topic,
+        "sent": counts["sent"],
+        "acknowledged": counts["acknowledged"],
+        "failed": counts["failed"],
+        "elapsed_s": round(elapsed_s, 3),
+        "records_per_s": round(counts["acknowledged"] / max(elapsed_s, 1e-9), 1),
+    }
+    if first_error:
+        summary["first_error"] = str(first_error[0])
+    return summary
+
+
+def produce(
+    topic: Annotated[str, typer.Argument(help="The virtual topic.")],
+    as_json: JsonOption = False,
+    key_separator: Annotated[
+        str | None,
+        typer.Option("--key-separator", help="Split each line into key and value at this."),
+    ] = None,
+    shard: Annotated[
+        int | None, typer.Option("--shard", help="Produce every record to this shard.")
+    ] = None,
+    linger_ms: Annotated[float, typer.Option("--linger-ms", help="Batch linger.")] = 5.0,
+    rate_max: Annotated[
+        float | None, typer.Option("--rate-max", help="At most this many records per second.")
+    ] = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    vc: VcOption = None,
+    connect_timeout_s: TimeoutOption = 10.0,
+    quiet: QuietOption = False,
+) -> None:
+    """Produce stdin lines to a virtual topic (key -> shard by the keyspace; keyless spread evenly)."""
+    if rate_max is not None and rate_max <= 0:
+        raise typer.BadParameter("--rate-max must be positive")
+    with _exit_codes():
+        summary = asyncio.run(
+            _produce(
+                topic,
+                url=url,
+                token=token,
+                vc=vc,
+                as_json=as_json,
+                key_separator=key_separator,
+                shard=shard,
+                linger_ms=linger_ms,
+                rate_max=rate_max,
+                connect_timeout_s=connect_timeout_s,
+                quiet=quiet,
+                stream=sys.stdin.buffer,
+            )
+        )
+    if as_json:
+        print(json.dumps(summary), flush=True)
+    if not quiet or summary["failed"]:
+        colour = "red" if summary["failed"] else "green"
+        err.print(
+            f"[{colour}]{summary['acknowledged']:,} records acknowledged, "
+            f"{summary['failed']:,} failed, {summary['records_per_s']:,.0f} rec/s[/{colour}]"
+        )
+        if "first_error" in summary:
+            err.print(f"[red]first failure: {escape(summary['first_error'])}[/red]")
+    if summary["failed"]:
+        raise typer.Exit(EXIT_FAILED)
+
+
+# ---- consume -------------------------------------------------------------------------------
+
+
+def _text(data: bytes | None) -> str | None:
+    return None if data is None else data.decode("utf-8", "backslashreplace")
+
+
+def _format(record: XinfraRecord, as_json: bool, print_key: bool, separator: str) -> bytes:
+    if as_json:
+        return json.dumps(
+            {
+                "topic": record.topic,
+                **record.position.to_json(),
+                "timestamp_ms": record.timestamp_ms,
+                "key": _text(record.key),
+                "value": _text(record.value),
+                "headers": {name: _text(value) for name, value in record.headers},
+            }
+        ).encode()
+    value = record.value or b""
+    if print_key:
+        return (record.key or b"") + separator.encode() + value
+    return value
+
+
+def _start(start: str) -> str | int:
+    if start in ("earliest", "latest"):
+        return start
+    try:
+        return int(start)
+    except ValueError:
+        raise typer.BadParameter(
+            f"--from {start!r}: use earliest, latest or a timestamp in ms"
+        ) from None
+
+
+async def _consume(
+    topics: list[str],
+    *,
+    url: str | None,
+    token: str | None,
+    vc: str | None,
+    start: str | int,
+    shards: list[int] | None,
+    position: Position | None,
+    max_records: int | None,
+    idle_s: float | None,
+    as_json: bool,
+    print_key: bool,
+    separator: str,
+    connect_timeout_s: float,
+    quiet: bool,
+    out: BinaryIO,
+) -> int:
+    options = XinfraConsumerOptions(metadata_timeout_s=connect_timeout_s)
+    consumer: XinfraConsumer = await open_consumer(url, token, vc, options=options, topics=topics)
+    count = 0
+    started = time.monotonic()
+    try:
+        for topic in topics:
+            await consumer.assign(topic, shards, start)  # type: ignore[arg-type]
+            if position is not None:
+                consumer.seek(topic, position)
+        last_record = time.monotonic()
+        with _progress(quiet) as progress:
+            task = progress.add_task(f"consuming {', '.join(topics)}", total=None, rate="")
+            while max_records is None or count < max_records:
+                want = 1000 if max_records is None else min(1000, max_records - count)
+                records = await consumer.poll(want, timeout_s=0.5)
+                if records:
+                    out.write(
+                        b"".join(_format(r, as_json, print_key, separator) + b"\n" for r in records)
+                    )
+                    out.flush()
+                    count += len(records)
+                    last_record = time.monotonic()
+                    progress.update(task, completed=count, rate=_rate(count, started))
+                elif idle_s is not None and time.monotonic() - last_record >= idle_s:
+                    break
+    finally:
+        await consumer.close()
+    return count
+
+
+def consume(
+    topics: Annotated[list[str], typer.Argument(help="One or more virtual topics.")],
+    start: Annotated[
+        str,
+        typer.Option("--from", help="earliest, latest, or a timestamp in ms."),
+    ] = "earliest",
+    shards: Annotated[
+        str | None, typer.Option("--shards", help="Comma-separated shards (default: all).")
+    ] = None,
+    at: Annotated[
+        str | None,
+        typer.Option("--position", help="Start at EPOCH:SHARD:OFFSET (one shard, one topic)."),
+    ] = None,
+    max_records: Annotated[
+        int | None, typer.Option("--max-records", "-n", help="Stop after this many records.")
+    ] = None,
+    idle_s: Annotated[
+        float | None,
+        typer.Option("--idle-s", help="Stop when nothing arrives for this long (default: never)."),
+    ] = None,
+    as_json: JsonOption = False,
+    print_key: Annotated[bool, typer.Option("--print-key", help="Print key, separator, value.")] = (
+        False
+    ),
+    separator: Annotated[str, typer.Option("--key-separator", help="Key separator.")] = "\t",
+    url: UrlOption = None,
+    token: TokenOption = None,
+    vc: VcOption = None,
+    connect_timeout_s: TimeoutOption = 10.0,
+    quiet: QuietOption = False,
+) -> None:
+    """Consume virtual topics through their epochs to stdout (every record once, per-key order)."""
+    shard_list: list[int] | None = None
+    if shards is not None:
+        try:
+            shard_list = [int(s) for s in shards.split(",") if s.strip()]
+        except ValueError:
+            raise typer.BadParameter(f"--shards {shards!r}: use e.g. 0,1,2") from None
+    position: Position | None = None
+    if at is not None:
+        try:
+            epoch, shard, offset = (int(part) for part in at.split(":"))
+        except ValueError:
+            raise typer.BadParameter(f"--position {at!r}: use EPOCH:SHARD:OFFSET") from None
+        position = Position(epoch, shard, offset)
+        if len(topics) != 1:
+            raise typer.BadParameter("--position goes with exactly one topic")
+        shard_list = [shard]
+    if max_records is not None and max_records < 1:
+        raise typer.BadParameter("--max-records must be at least 1")
+    with _exit_codes():
+        count = asyncio.run(
+            _consume(
+                topics,
+                url=url,
+                token=token,
+                vc=vc,
+                start=_start(start),
+                shards=shard_list,
+                position=position,
+                max_records=max_records,
+                idle_s=idle_s,
+                as_json=as_json,
+                print_key=print_key,
+                separator=separator,
+                connect_timeout_s=connect_timeout_s,
+                quiet=quiet,
+                out=sys.stdout.buffer,
+            )
+        )
+    if not quiet:
+        err.print(f"[green]{count:,} records consumed[/green]")

@@ -1,0 +1,145 @@
+"""A live metadata service over real backends for the SDK tests.
+
+The service runs under uvicorn in a thread on real MariaDB (``mysql_url``),
+with the real backends from the ``xinfra.backends`` entry points: tansu for
+Kafka (``kafka_bootstrap``), a Northguard broker when
+``backends.northguard`` is importable.  The SDK reaches it over HTTP exactly
+as an application would.  ``LiveService.restart()`` stops and starts it on
+the same port (same database) to show clients ride through a restart.
+
+Tests that need the Kafka backend skip, loudly, while ``backends.kafka`` cannot
+be imported; Northguard tests likewise while ``backends.northguard.backend``
+cannot.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sdk_live import ADMIN_TOKEN, KAFKA_MISSING, NORTHGUARD_MISSING, LiveService
+
+from metadata_service import ServiceConfig
+from xinfra.backend import open_backend
+from xinfra.services.kafka import start_kafka
+from xinfra.services.process import ManagedProcess
+
+
+@pytest.fixture
+def service_config(mysql_url: str, tmp_path: Path) -> ServiceConfig:
+    return ServiceConfig(
+        database_url=mysql_url,
+        zookeeper=None,
+        run_dir=tmp_path / "run",
+        admin_token=ADMIN_TOKEN,
+        backend_factory=open_backend,
+        client_purge_interval_s=0.2,
+        token_cache_s=0.0,
+        seal_settle_s_max=30.0,
+        long_poll_s_max=5.0,
+        backend_timeout_s=15.0,
+    )
+
+
+@pytest.fixture
+def live(service_config: ServiceConfig) -> Iterator[LiveService]:
+    service = LiveService(service_config)
+    service.start()
+    yield service
+    service.stop()
+
+
+@pytest.fixture
+def kafka(live: LiveService, kafka_bootstrap: str) -> str:
+    """The session's tansu registered in the service as physical cluster ``kafka``."""
+    if KAFKA_MISSING is not None:
+        pytest.skip(f"SKIPPED LOUDLY: {KAFKA_MISSING}")
+    with live.admin() as client:
+        client.request(
+            "POST",
+            "/v1/clusters",
+            json={"name": "kafka", "kind": "kafka", "bootstrap": kafka_bootstrap},
+        )
+    return "kafka"
+
+
+@pytest.fixture
+def second_kafka(live: LiveService, tmp_path: Path) -> Iterator[str]:
+    """A second Kafka-protocol cluster (its own tansu) registered as ``kafka2``."""
+    if KAFKA_MISSING is not None:
+        pytest.skip(f"SKIPPED LOUDLY: {KAFKA_MISSING}")
+    process = start_kafka(tmp_path / "kafka2")
+    try:
+        with live.admin() as client:
+            client.request(
+                "POST",
+                "/v1/clusters",
+                json={"name": "kafka2", "kind": "kafka", "bootstrap": process.url},
+            )
+        yield "kafka2"
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def doomed_kafka(live: LiveService, tmp_path: Path) -> Iterator[tuple[str, ManagedProcess]]:
+    """A Kafka cluster (own tansu) the test may stop: ``(cluster name, process)``."""
+    if KAFKA_MISSING is not None:
+        pytest.skip(f"SKIPPED LOUDLY: {KAFKA_MISSING}")
+    process = start_kafka(tmp_path / "doomed")
+    try:
+        with live.admin() as client:
+            client.request(
+                "POST",
+                "/v1/clusters",
+                json={"name": "doomed", "kind": "kafka", "bootstrap": process.url},
+            )
+        yield "doomed", process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def northguard(live: LiveService, tmp_path: Path) -> Iterator[str]:
+    """A real Northguard broker registered as ``northguard`` (skipped loudly until it lands)."""
+    if NORTHGUARD_MISSING is not None:
+        pytest.skip(f"SKIPPED LOUDLY: {NORTHGUARD_MISSING}")
+    launcher = importlib.import_module("backends.northguard.launcher")
+    start: Callable[..., Any] | None = next(
+        (
+            getattr(launcher, name)
+            for name in ("start_northguard", "start_cluster", "start_broker")
+            if hasattr(launcher, name)
+        ),
+        None,
+    )
+    if start is None:
+        pytest.fail(
+            "backends.northguard.launcher has none of start_northguard/start_cluster/start_broker; "
+            "update tests/clients/conftest.py to its API"
+        )
+    handle = start(tmp_path / "northguard")
+    bootstrap = getattr(handle, "url", None) or getattr(handle, "bootstrap", None)
+    assert isinstance(bootstrap, str), f"cannot find the bootstrap address of {handle!r}"
+    try:
+        with live.admin() as client:
+            client.request(
+                "POST",
+                "/v1/clusters",
+                json={"name": "northguard", "kind": "northguard", "bootstrap": bootstrap},
+            )
+        yield "northguard"
+    finally:
+        handle.stop()
+
+
+@pytest.fixture
+async def cleanup() -> AsyncIterator[list[Any]]:
+    """Clients appended here are closed after the test, even when it fails."""
+    clients: list[Any] = []
+    yield clients
+    for client in reversed(clients):
+        await client.close()
