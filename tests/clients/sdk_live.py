@@ -157,3 +157,35 @@ async def read_all(consumer: Any, expected: int, timeout_s: float = 60.0) -> lis
         out.extend(await consumer.poll(1000, timeout_s=0.5))
     out.extend(await consumer.poll(1000, timeout_s=0.3))  # anything extra is a duplicate
     return out
+
+
+def keyed_value(key: int, seq: int) -> bytes:
+    return f"k{key}:{seq}".encode()
+
+
+def parse_keyed(value: bytes | None) -> tuple[int, int]:
+    assert value is not None
+    key, seq = value.decode().split(":")
+    return int(key[1:]), int(seq)
+
+
+def assert_per_key_order(values: list[bytes | None]) -> None:
+    """Each key's sequence numbers appear in increasing order (at-least-once: a retried record may
+    repeat right after itself, never before an older one)."""
+    last: dict[int, int] = {}
+    for value in values:
+        key, seq = parse_keyed(value)
+        assert seq >= last.get(key, -1), f"key {key}: {seq} after {last[key]}"
+        last[key] = seq
+
+
+def assert_exactly_once(values: list[bytes | None], expected: set[bytes]) -> None:
+    counts: dict[bytes | None, int] = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    duplicates = {v: n for v, n in counts.items() if n > 1}
+    assert not duplicates, f"{len(duplicates)} records delivered more than once"
+    missing = expected - set(counts)
+    assert not missing, f"{len(missing)} records lost, e.g. {sorted(missing)[:5]}"
+    extra = set(counts) - expected
+    assert not extra, f"{len(extra)} unexpected records, e.g. {sorted(extra)[:5]}"  # type: ignore[type-var]
