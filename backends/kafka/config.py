@@ -1,0 +1,99 @@
+"""librdkafka configurations of the Kafka backend, with every bound named and explained.
+
+One place decides how Xinfra talks to Kafka, so that the producer, the reader
+and the admin client agree: topics are never created by accident
+(``allow.auto.create.topics=false``), no consumer group is joined (readers
+``assign``), librdkafka's own logs go to Python logging.
+
+librdkafka's own buffers are set *above* the Xinfra bounds: the backend checks
+its limits first and raises ``Backpressure`` or ``RecordTooLarge`` before a
+record reaches librdkafka, so librdkafka's ``BufferError`` is a bug, not a
+designed behaviour.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any, Final
+
+from xinfra.backend import ProducerOptions, ReaderOptions
+
+LIBRDKAFKA_LOGGER: Final = logging.getLogger("backends.kafka.librdkafka")
+
+RECORD_OVERHEAD_BYTES_MAX: Final = 64 << 10
+"""Framing a record or batch adds on the wire beyond its payload (headers, varints, batch header)."""
+
+BUFFER_RECORDS_MAX: Final = 1_000_000
+"""Unacknowledged records a producer may hold, whatever their size; ``Backpressure`` past it."""
+
+FETCH_WAIT_MS_MAX: Final = 100
+"""How long a broker may hold a fetch waiting for data: bounds read latency of new records."""
+
+METADATA_TIMEOUT_S_MAX: Final = 10.0
+"""The longest a metadata request (partition count, topic list) may take before ``Timeout``."""
+
+LIBRDKAFKA_QUEUE_KBYTES_MAX: Final = 2_097_151
+"""librdkafka's ceiling for ``queue.buffering.max.kbytes``."""
+
+
+def common(bootstrap: str) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": bootstrap,
+        "allow.auto.create.topics": False,
+        "logger": LIBRDKAFKA_LOGGER,
+        "reconnect.backoff.ms": 100,
+        "reconnect.backoff.max.ms": 2000,
+    }
+
+
+def producer_config(bootstrap: str, options: ProducerOptions) -> dict[str, Any]:
+    """An idempotent, ``acks=all`` producer batching by ``linger_ms`` and ``batch_bytes_max``.
+
+    Idempotence keeps each partition's order and drops duplicates when
+    librdkafka retries internally, which is what the contract's *Order*
+    promise needs.  Every message gets a delivery report within
+    ``request_timeout_s`` (``message.timeout.ms``), so every ``send`` future
+    resolves.
+    """
+    timeout_ms = max(1000, int(options.request_timeout_s * 1000))
+    message_bytes_max = max(options.record_bytes_max, options.batch_bytes_max)
+    queue_kbytes = min(LIBRDKAFKA_QUEUE_KBYTES_MAX, 2 * options.buffer_bytes_max // 1024 + 1024)
+    return {
+        **common(bootstrap),
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": options.linger_ms,
+        "batch.size": options.batch_bytes_max,
+        "message.max.bytes": message_bytes_max + RECORD_OVERHEAD_BYTES_MAX,
+        "queue.buffering.max.kbytes": queue_kbytes,
+        "queue.buffering.max.messages": 2 * BUFFER_RECORDS_MAX,
+        "message.timeout.ms": timeout_ms,
+        "request.timeout.ms": min(timeout_ms, 30_000),
+    }
+
+
+def reader_config(bootstrap: str, options: ReaderOptions) -> dict[str, Any]:
+    """A consumer that only ``assign``s: a unique group id no one joins, nothing committed.
+
+    ``auto.offset.reset=error`` makes a read from an offset the log no longer
+    (or not yet) holds an ``OffsetOutOfRange`` instead of a silent jump.
+    ``queued.max.messages.kbytes`` bounds what librdkafka prefetches over all
+    assigned partitions by ``fetch_bytes_max``.
+    """
+    fetch_kbytes = max(1, options.fetch_bytes_max // 1024)
+    return {
+        **common(bootstrap),
+        "group.id": f"xinfra-reader-{uuid.uuid4().hex}",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": False,
+        "auto.offset.reset": "error",
+        "queued.max.messages.kbytes": fetch_kbytes,
+        "fetch.max.bytes": max(1 << 20, min(options.fetch_bytes_max, 50 << 20)),
+        "fetch.wait.max.ms": FETCH_WAIT_MS_MAX,
+    }
+
+
+def admin_config(bootstrap: str) -> dict[str, Any]:
+    return common(bootstrap)

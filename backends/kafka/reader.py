@@ -1,0 +1,275 @@
+"""The Kafka shard reader: a librdkafka consumer that ``assign``s partitions, never joins a group.
+
+Threads.  librdkafka's ``consume`` blocks, so it runs on one worker thread
+owned by the reader (a single-thread executor: polls are serialised, and
+an assignment is applied on that same thread just before the consume that
+follows it).  Offset queries (``ListOffsets``) are independent requests and
+run on ``asyncio.to_thread``; librdkafka's handle is thread-safe.
+
+Assignment.  ``assign`` only records the wanted positions and bumps a
+generation; the next ``poll`` applies them and consumes.  A poll that was
+already running when ``assign`` was called returns records of the old
+generation: they are dropped, and nothing is lost because the new assignment
+carries explicit offsets.  librdkafka itself purges prefetched records of
+partitions no longer assigned (its op versions), so stale data never comes
+back later either.
+
+End offsets.  ``end_offsets`` asks the brokers (``ListOffsets`` latest, one
+request for all shards) and, for shards this reader has fetched, takes the
+larger of that and the high watermark the last Fetch response carried.  Both
+are committed end offsets the partition had during the call (the high
+watermark never moves back), so the larger is the tighter true answer on
+Kafka; it also corrects brokers whose ListOffsets lags (tansu 0.6.0 answers
+"last batch's base offset + 1").  Readers use the default
+``isolation.level=read_committed``: the end offset is the last stable offset,
+equal to the high watermark as Xinfra writes no transactions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Final
+
+from confluent_kafka import (
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+
+from backends.kafka.admin import partition_count
+from backends.kafka.config import METADATA_TIMEOUT_S_MAX, reader_config
+from backends.kafka.errors import from_exception, to_xinfra
+from xinfra.backend import ReaderOptions, ShardReader
+from xinfra.errors import InvalidRequest, ShardOutOfRange, XinfraError
+from xinfra.model import ConsumedRecord
+
+log = logging.getLogger(__name__)
+
+POLL_RECORDS_MAX: Final = 100_000
+"""The most records one ``poll`` may return (librdkafka allows up to 1M per consume)."""
+
+OFFSET_EARLIEST_QUERY: Final = -2
+"""``offsets_for_times`` with this timestamp asks ListOffsets for the earliest offset."""
+OFFSET_LATEST_QUERY: Final = -1
+"""``offsets_for_times`` with this timestamp asks ListOffsets for the latest offset."""
+
+
+class KafkaShardReader(ShardReader):
+    """Reads assigned partitions of one Kafka topic; see the module docstring."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        options: ReaderOptions,
+        request_timeout_s: float,
+        on_close: Callable[[KafkaShardReader], None] | None = None,
+    ) -> None:
+        self.topic = topic
+        self._on_close = on_close
+        self.bootstrap = bootstrap
+        self.request_timeout_s = request_timeout_s
+        self._down: KafkaError | None = None
+        self._consumer = Consumer({**reader_config(bootstrap, options), "error_cb": self._on_error})
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"kafka-reader-{topic}")
+        self._partitions: int | None = None
+        self._generation = 0
+        self._pending: dict[int, int] | None = None
+        self._assigned: dict[int, int] = {}
+        self._deferred: XinfraError | None = None
+        self._closed = False
+
+    # -- assignment and polling ----------------------------------------------------------------
+
+    def assign(self, positions: Mapping[int, int]) -> None:
+        self._check_open()
+        wanted = dict(positions)
+        for shard, offset in wanted.items():
+            if shard < 0 or (self._partitions is not None and shard >= self._partitions):
+                raise self._out_of_range(shard)
+            if offset < 0:
+                raise InvalidRequest(f"offset {offset} for shard {shard} is negative")
+        self._generation += 1
+        self._pending = wanted
+        self._assigned = wanted
+        self._deferred = None
+
+    async def poll(self, max_records: int = 1000, timeout_s: float = 1.0) -> list[ConsumedRecord]:
+        self._check_open()
+        if not 1 <= max_records <= POLL_RECORDS_MAX:
+            raise InvalidRequest(f"max_records must be 1..{POLL_RECORDS_MAX}, got {max_records}")
+        if self._deferred is not None:
+            deferred, self._deferred = self._deferred, None
+            raise deferred
+        generation, pending = self._generation, self._pending
+        self._pending = None
+        loop = asyncio.get_running_loop()
+        try:
+            records, error = await loop.run_in_executor(
+                self._executor, self._poll_blocking, pending, max_records, max(0.0, timeout_s)
+            )
+        except BaseException:
+            if pending is not None and self._generation == generation:
+                self._pending = pending  # not applied: the next poll tries again
+            raise
+        if self._generation != generation:
+            return []  # assign() ran meanwhile: these belong to the old assignment
+        if error is not None:
+            if not records:
+                raise error
+            self._deferred = error
+        return records
+
+    def _poll_blocking(
+        self, pending: dict[int, int] | None, max_records: int, timeout_s: float
+    ) -> tuple[list[ConsumedRecord], XinfraError | None]:
+        """Runs on the reader's worker thread: apply a new assignment, then consume."""
+        if pending is not None:
+            self._apply(pending)
+        messages = self._consumer.consume(max_records, timeout_s)
+        records: list[ConsumedRecord] = []
+        append = records.append
+        error: XinfraError | None = None
+        for message in messages:
+            kafka_error = message.error()
+            if kafka_error is not None:
+                if error is None:
+                    error = self._message_error(kafka_error, message)
+                continue
+            timestamp = message.timestamp()[1]
+            headers = message.headers()
+            append(
+                ConsumedRecord(
+                    message.partition(),  # type: ignore[arg-type]
+                    message.offset(),  # type: ignore[arg-type]
+                    timestamp,
+                    message.key(),
+                    message.value(),
+                    tuple(headers) if headers else (),  # type: ignore[arg-type]
+                )
+            )
+        if records:
+            self._down = None
+        elif error is None and self._down is not None:
+            down, self._down = self._down, None
+            error = to_xinfra(down, self.bootstrap, f"reading {self.topic!r}")
+        return records, error
+
+    def _apply(self, positions: dict[int, int]) -> None:
+        if positions:
+            count = self._partition_count()
+            for shard in positions:
+                if shard >= count:
+                    raise self._out_of_range(shard)
+            self._consumer.assign(
+                [TopicPartition(self.topic, shard, offset) for shard, offset in positions.items()]
+            )
+        else:
+            self._consumer.unassign()
+
+    def _message_error(self, error: KafkaError, message: Message) -> XinfraError:
+        where = f"reading {self.topic}/{message.partition()}"
+        return to_xinfra(error, self.bootstrap, where)
+
+    def _on_error(self, error: KafkaError) -> None:
+        """librdkafka's error callback: remember that every broker is down, log the rest."""
+        if error.code() == KafkaError._ALL_BROKERS_DOWN:
+            self._down = error
+        log.debug("kafka %s: reader for %r: %s", self.bootstrap, self.topic, error)
+
+    # -- offsets -------------------------------------------------------------------------------
+
+    async def start_offsets(self, shards: Sequence[int] | None = None) -> dict[int, int]:
+        self._check_open()
+        return await asyncio.to_thread(self._list_offsets, shards, OFFSET_EARLIEST_QUERY)
+
+    async def end_offsets(self, shards: Sequence[int] | None = None) -> dict[int, int]:
+        self._check_open()
+        listed = await asyncio.to_thread(self._list_offsets, shards, OFFSET_LATEST_QUERY)
+        for shard, offset in listed.items():
+            fetched = self._fetched_high_watermark(shard)
+            if fetched > offset:
+                listed[shard] = fetched
+        return listed
+
+    async def offset_for_timestamp(self, shard: int, timestamp_ms: int) -> int:
+        self._check_open()
+        if timestamp_ms < 0:
+            raise InvalidRequest(f"timestamp {timestamp_ms} ms is negative")
+        found = await asyncio.to_thread(self._list_offsets, [shard], timestamp_ms)
+        offset = found[shard]
+        if offset < 0:  # no record at or after the timestamp yet
+            return (await self.end_offsets([shard]))[shard]
+        return offset
+
+    def _fetched_high_watermark(self, shard: int) -> int:
+        """The high watermark of the last Fetch response for the shard, or -1 when none came."""
+        if shard not in self._assigned:
+            return -1
+        try:
+            _, high = self._consumer.get_watermark_offsets(
+                TopicPartition(self.topic, shard), cached=True
+            )
+        except KafkaException:
+            return -1
+        return high if high is not None and high >= 0 else -1
+
+    def _list_offsets(self, shards: Sequence[int] | None, query: int) -> dict[int, int]:
+        """One ListOffsets request for the shards: ``query`` is a timestamp, -1 latest, -2 earliest."""
+        count = self._partition_count()
+        wanted = list(range(count)) if shards is None else list(shards)
+        for shard in wanted:
+            if not 0 <= shard < count:
+                raise self._out_of_range(shard)
+        if not wanted:
+            return {}
+        what = f"listing offsets of {self.topic!r}"
+        try:
+            answers = self._consumer.offsets_for_times(
+                [TopicPartition(self.topic, shard, query) for shard in wanted],
+                timeout=self.request_timeout_s,
+            )
+        except KafkaException as exc:
+            raise from_exception(exc, self.bootstrap, what) from None
+        offsets: dict[int, int] = {}
+        for answer in answers:
+            if answer.error is not None:
+                raise to_xinfra(answer.error, self.bootstrap, what)
+            offset = answer.offset
+            offsets[answer.partition] = -1 if offset == OFFSET_END else offset
+        return offsets
+
+    def _partition_count(self) -> int:
+        if self._partitions is None:
+            timeout_s = min(self.request_timeout_s, METADATA_TIMEOUT_S_MAX)
+            self._partitions = partition_count(
+                self._consumer, self.bootstrap, self.topic, timeout_s
+            )
+        return self._partitions
+
+    def _out_of_range(self, shard: int) -> ShardOutOfRange:
+        return ShardOutOfRange(
+            f"shard {shard} out of range: topic {self.topic!r} has {self._partitions} shards"
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidRequest(f"reader for {self.topic!r} is closed; open a new one")
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, self._consumer.close)
+        finally:
+            self._executor.shutdown(wait=False)
+            if self._on_close is not None:
+                self._on_close(self)
