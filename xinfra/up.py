@@ -15,6 +15,7 @@ the dependency rule of DESIGN.md §1 and runs each in a process of its own.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -28,6 +29,9 @@ from typing import Any
 
 import httpx
 
+from xinfra.errors import Conflict, XinfraError
+from xinfra.model import ClusterKind, PhysicalCluster
+from xinfra.rest import ADMIN_TOKEN_FILE, MetadataClient
 from xinfra.services.kafka import start_kafka
 from xinfra.services.ports import port_open, split_host_port
 from xinfra.services.process import ManagedProcess, ServiceError
@@ -74,6 +78,13 @@ class LocalStack:
     @property
     def run_dir(self) -> Path:
         return self.settings.run_dir.resolve()
+
+    @property
+    def database_url(self) -> str:
+        """The embedded SQLite store lives in the run directory unless a URL was configured."""
+        if self.settings.database_url == Settings.model_fields["database_url"].default:
+            return f"sqlite:///{self.run_dir / 'metadata.db'}"
+        return self.settings.database_url
 
     @property
     def log_dir(self) -> Path:
@@ -152,7 +163,7 @@ class LocalStack:
             "XINFRA_KAFKA_BOOTSTRAP": self.settings.kafka_bootstrap,
             "XINFRA_NORTHGUARD_BOOTSTRAP": self.settings.northguard_bootstrap,
             "XINFRA_METADATA_URL": self.settings.metadata_url,
-            "XINFRA_DATABASE_URL": self.settings.database_url,
+            "XINFRA_DATABASE_URL": self.database_url,
         }
         process = ManagedProcess(name, argv, self.log_dir / f"{name}.log", url, env=env)
         return process.start().wait_ready(ready, timeout_s=60)
@@ -176,6 +187,34 @@ class LocalStack:
         except BaseException:
             self.stop()
             raise
+
+    def register_clusters(self) -> list[str]:
+        """Register the local physical clusters with the local service (idempotent); their names."""
+        names = {c.name for c in self.components}
+        if "metadata-service" not in names:
+            return []
+        clusters = [
+            PhysicalCluster(
+                name="kafka-local", kind=ClusterKind.KAFKA, bootstrap=self.settings.kafka_bootstrap
+            )
+        ]
+        if "northguard-0" in names:
+            clusters.append(
+                PhysicalCluster(
+                    name="northguard-local",
+                    kind=ClusterKind.NORTHGUARD,
+                    bootstrap=self.settings.northguard_bootstrap,
+                )
+            )
+        token = self.settings.token or self.settings.admin_token
+        with MetadataClient(token=token, settings=self.settings) as client:
+            for cluster in clusters:
+                with contextlib.suppress(
+                    Conflict
+                ):  # registered by an earlier run on this run directory
+                    client.register_cluster(cluster)
+                self.progress(f"cluster {cluster.name} ({cluster.kind.value}) registered")
+        return [c.name for c in clusters]
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -239,10 +278,13 @@ def run_up(
     try:
         try:
             stack.start()
-        except ServiceError as error:
+            clusters = stack.register_clusters()
+        except (ServiceError, XinfraError) as error:
             progress(f"error: {error}")
             return 1
-        summary = stack.summary()
+        summary = {**stack.summary(), "clusters": clusters}
+        if clusters:
+            summary["admin_token_file"] = str(stack.run_dir / ADMIN_TOKEN_FILE)
         if as_json:
             print(json.dumps({"event": "ready", **summary}), flush=True)
         else:

@@ -11,6 +11,8 @@ import sys
 import threading
 from pathlib import Path
 
+import httpx
+
 from xinfra.services.ports import free_port, port_open
 
 
@@ -66,6 +68,15 @@ def test_up_starts_everything_and_sigterm_leaves_nothing(tmp_path: Path) -> None
             assert not component["reused"], "fresh ports: nothing may be reused"
             assert _pid_alive(component["pid"]), component
             assert Path(component["log"]).is_file()
+        if "metadata-service" in components:
+            assert "kafka-local" in ready["clusters"]
+            registered = httpx.get(
+                f"{env['XINFRA_METADATA_URL']}/v1/clusters",
+                headers={
+                    "Authorization": f"Bearer {(tmp_path / 'run' / 'admin-token').read_text().strip()}"
+                },
+            ).json()
+            assert {c["name"] for c in registered["clusters"]} == set(ready["clusters"])
         kafka_host, kafka_port = env["XINFRA_KAFKA_BOOTSTRAP"].split(":")
         assert port_open(kafka_host, int(kafka_port))
     finally:
