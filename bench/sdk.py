@@ -10,8 +10,11 @@ For each backend, on a topic of ``SHARDS`` shards, ``records`` records of a
 * bare produce: ``ShardProducer.send`` of pre-built batches of
   ``BARE_BATCH_RECORDS`` records, keys routed by the keyspace, at most
   ``BARE_WINDOW`` batches in flight: what a careful user of the backend gets.
-* SDK produce: ``XinfraProducer.send`` one record at a time (key routing,
-  batching, futures, back-pressure all included), then ``flush``.
+* SDK produce: ``XinfraProducer.send_batch`` of the same ``BARE_BATCH_RECORDS``
+  records per call (key routing, batching, back-pressure, positions all
+  included), then ``flush``: the like-for-like figure the target is on.
+* SDK produce per record: ``XinfraProducer.send`` one record at a time, a
+  future each (Kafka-client style); reported beside, no target.
 * bare consume / SDK consume: a ``ShardReader`` over every shard, and an
   ``XinfraConsumer`` assigned the virtual topic, each reading the same physical
   topic (the one the SDK wrote) from the start until every record is back.
@@ -173,13 +176,20 @@ async def bare_produce(backend: Backend, topic: str, records: list[tuple[bytes, 
     return len(records) / elapsed_s
 
 
-async def sdk_produce(url: str, topic: str, records: list[tuple[bytes, bytes]]) -> float:
+async def sdk_produce(
+    url: str, topic: str, records: list[tuple[bytes, bytes]], per_record: bool
+) -> float:
     producer = await open_producer(url, TOKEN, VC, topics=[topic])
     try:
-        futures = []
+        futures: list[asyncio.Future[Any]] = []
         started = time.perf_counter()
-        for key, value in records:
-            futures.append(await producer.send(topic, value, key=key))
+        if per_record:
+            for key, value in records:
+                futures.append(await producer.send(topic, value, key=key))
+        else:
+            built = [Record(value, key) for key, value in records]
+            for i in range(0, len(built), BARE_BATCH_RECORDS):
+                futures.append(await producer.send_batch(topic, built[i : i + BARE_BATCH_RECORDS]))
         await producer.flush()
         elapsed_s = time.perf_counter() - started
         failed = [f for f in futures if f.exception() is not None]
@@ -223,16 +233,20 @@ async def measure(
     try:
         bare_topic = f"bench-bare-{uuid.uuid4().hex[:8]}"
         virtual = f"bench-sdk-{uuid.uuid4().hex[:8]}"
+        per_record_topic = f"bench-sdk-send-{uuid.uuid4().hex[:8]}"
         with MetadataClient(url, token=TOKEN) as admin:
             metadata = admin.create_topic(VC, virtual, cluster.name, SHARDS)
+            admin.create_topic(VC, per_record_topic, cluster.name, SHARDS)
         physical = metadata.current_epoch.physical_topic
         # Warm both paths (connections, metadata) on a few records first.
         warm = records[:2000]
         await bare_produce(backend, f"{bare_topic}-warm", warm)
         bare_p = await bare_produce(backend, bare_topic, records)
         log(f"{name}: bare produce {bare_p:,.0f} rec/s")
-        sdk_p = await sdk_produce(url, virtual, records)
-        log(f"{name}: SDK produce {sdk_p:,.0f} rec/s")
+        sdk_p = await sdk_produce(url, virtual, records, per_record=False)
+        log(f"{name}: SDK produce (send_batch) {sdk_p:,.0f} rec/s")
+        sdk_r = await sdk_produce(url, per_record_topic, records, per_record=True)
+        log(f"{name}: SDK produce (send per record) {sdk_r:,.0f} rec/s")
         bare_c = await bare_consume(backend, physical, len(records))
         log(f"{name}: bare consume {bare_c:,.0f} rec/s")
         sdk_c = await sdk_consume(url, virtual, len(records))
@@ -242,6 +256,8 @@ async def measure(
     return {
         f"{name}_bare_produce_records_per_s": round(bare_p),
         f"{name}_sdk_produce_records_per_s": round(sdk_p),
+        f"{name}_sdk_send_per_record_records_per_s": round(sdk_r),
+        f"{name}_send_per_record_ratio": round(sdk_r / bare_p, 3),
         f"{name}_bare_consume_records_per_s": round(bare_c),
         f"{name}_sdk_consume_records_per_s": round(sdk_c),
         f"{name}_produce_ratio": round(sdk_p / bare_p, 3),

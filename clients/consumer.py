@@ -56,14 +56,61 @@ class XinfraConsumerOptions:
     """One metadata long-poll; a change is seen at once, this only bounds an idle request."""
 
 
-@dataclass(frozen=True, slots=True)
 class XinfraRecord:
-    topic: str
-    position: Position
-    timestamp_ms: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[Header, ...]
+    """One record of a virtual topic, as ``poll`` returns it.
+
+    A thin view over the backend's record (no copy of key, value or headers;
+    the position is built when asked for): the read path pays for what it uses.
+    """
+
+    __slots__ = ("_raw", "epoch", "topic")
+
+    def __init__(self, topic: str, epoch: int, raw: ConsumedRecord) -> None:
+        self.topic = topic
+        self.epoch = epoch
+        self._raw = raw
+
+    @property
+    def position(self) -> Position:
+        """(epoch, shard, offset) of this record; seek here to read it again."""
+        return Position(self.epoch, self._raw.shard, self._raw.offset)
+
+    @property
+    def shard(self) -> int:
+        return self._raw.shard
+
+    @property
+    def offset(self) -> int:
+        return self._raw.offset
+
+    @property
+    def timestamp_ms(self) -> int:
+        return self._raw.timestamp_ms
+
+    @property
+    def key(self) -> bytes | None:
+        return self._raw.key
+
+    @property
+    def value(self) -> bytes | None:
+        return self._raw.value
+
+    @property
+    def headers(self) -> tuple[Header, ...]:
+        return self._raw.headers
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, XinfraRecord):
+            return NotImplemented
+        return (self.topic, self.epoch, self._raw) == (other.topic, other.epoch, other._raw)
+
+    def __hash__(self) -> int:
+        return hash((self.topic, self.epoch, self._raw.shard, self._raw.offset))
+
+    def __repr__(self) -> str:
+        return (
+            f"XinfraRecord({self.topic!r}, {self.position}, key={self.key!r}, value={self.value!r})"
+        )
 
 
 class CommitSink(Protocol):
@@ -313,23 +360,13 @@ class XinfraConsumer:
             if ends is not None and offset >= ends.get(shard, 0):
                 continue  # written after the virtual seal: not part of the topic
             cursor.offset = offset + 1
-            headers = record.headers
             if cursor.mirror_source is not None:
-                mirrored = mirrored_position(headers)
+                mirrored = mirrored_position(record.headers)
                 if mirrored is not None and mirrored.epoch == cursor.mirror_source[0]:
                     if mirrored.offset < cursor.mirror_source[1]:
                         continue  # delivered from the source epoch already
                     cursor.mirror_source = None  # past the mirrored prefix
-            append(
-                XinfraRecord(
-                    topic,
-                    Position(epoch_number, shard, offset),
-                    record.timestamp_ms,
-                    record.key,
-                    record.value,
-                    headers,
-                )
-            )
+            append(XinfraRecord(topic, epoch_number, record))
         return out
 
     async def _advance_epochs(self) -> None:

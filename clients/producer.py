@@ -44,7 +44,7 @@ from xinfra.errors import (
     Timeout,
     XinfraError,
 )
-from xinfra.keyspace import shard_of_key_in
+from xinfra.keyspace import KEYSPACE_BITS, KeyRange, key_hash, shard_of_key_in, shard_ranges
 from xinfra.model import Epoch, Header, Position, Record, TopicMetadata, mirror_header
 
 log = logging.getLogger(__name__)
@@ -87,12 +87,39 @@ class XinfraProducerOptions:
         )
 
 
-@dataclass(slots=True)
-class _Queued:
-    record: Record
-    future: asyncio.Future[Position]
-    size: int
-    """Bytes reserved in the buffer for this record (payload + overhead)."""
+class _Chunk:
+    """The records one ``send_batch`` call routed to one shard: they resolve its one future.
+
+    The same object stands in the queue's sink list for each of those records,
+    so a batch call costs no future per record.
+    """
+
+    __slots__ = ("call", "indices", "next")
+
+    def __init__(self, call: _BatchCall, indices: list[int]) -> None:
+        self.call = call
+        self.indices = indices
+        self.next = 0
+
+    def resolve(self, position: Position) -> None:
+        call = self.call
+        call.positions[self.indices[self.next]] = position
+        self.next += 1
+        call.remaining -= 1
+        if call.remaining == 0 and not call.future.done():
+            call.future.set_result(call.positions)  # type: ignore[arg-type]
+
+
+class _BatchCall:
+    __slots__ = ("future", "positions", "remaining")
+
+    def __init__(self, future: asyncio.Future[list[Position]], count: int) -> None:
+        self.future = future
+        self.positions: list[Position | None] = [None] * count
+        self.remaining = count
+
+
+_Sink = asyncio.Future[Position] | _Chunk
 
 
 @dataclass
@@ -106,7 +133,11 @@ class _ShardQueue:
 
     topic: str
     shard: int
-    items: list[_Queued] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
+    sinks: list[_Sink] = field(default_factory=list)
+    """Where each record's position goes: its own future, or its ``send_batch`` call."""
+    sizes: list[int] = field(default_factory=list)
+    """Bytes reserved in the buffer for each record (payload + overhead)."""
     bytes: int = 0
     appended: int = 0
     completed: int = 0
@@ -136,6 +167,8 @@ class XinfraProducer:
         self._queues: dict[tuple[str, int], _ShardQueue] = {}
         self._sticky: dict[str, itertools.cycle[int]] = {}
         self._sticky_shard: dict[str, int] = {}
+        self._routing: dict[str, tuple[int, int, list[KeyRange] | None]] = {}
+        self._loop = asyncio.get_running_loop()
         self._writes_in_flight: dict[tuple[str, int], int] = {}  # (topic, version) -> count
         self._writes_done = asyncio.Condition()
         self._progress = asyncio.Condition()
@@ -202,8 +235,10 @@ class XinfraProducer:
         """
         if self._closed:
             raise InvalidRequest("the producer is closed")
-        record = Record(value, key, tuple(headers), timestamp_ms)
-        size = record.size_bytes()
+        record = Record(value, key, tuple(headers) if headers else (), timestamp_ms)
+        size = len(value or b"") + len(key or b"")
+        if headers:
+            size = record.size_bytes()
         if size > self.options.record_bytes_max:
             raise RecordTooLarge(
                 f"record of {size} bytes exceeds record_bytes_max={self.options.record_bytes_max}; "
@@ -216,24 +251,106 @@ class XinfraProducer:
         if watch.error is not None:
             raise watch.error
         self.source.check()
-        shard = self._route(watch.current, record, shard)
+        shard = self._route(watch.current, key, shard)
         size += RECORD_OVERHEAD_BYTES
         if self._room_waiters or self._buffered_bytes + size > self.options.buffer_bytes_max:
             await self._reserve(size)
         else:
             self._buffered_bytes += size
-        future: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Position] = self._loop.create_future()
+        self._enqueue(topic, shard, record, future, size)
+        return future
+
+    async def send_batch(
+        self, topic: str, records: Sequence[Record]
+    ) -> asyncio.Future[list[Position]]:
+        """Queue many records at once; one future resolves to their positions, in order.
+
+        The same routing, batching, order and bounds as ``send`` (each record
+        goes to its key's shard, or to ``send``'s sticky shard when keyless),
+        without a future per record: the way to go fast from Python.  Raises at
+        once like ``send``, before queueing any record; the future fails with
+        the first failure of any of its records (the others may be stored).
+        """
+        if self._closed:
+            raise InvalidRequest("the producer is closed")
+        watch = self._watches.get(topic)
+        if watch is None:
+            await self.metadata(topic)
+            watch = self._watches[topic]
+        if watch.error is not None:
+            raise watch.error
+        self.source.check()
+        record_bytes_max = self.options.record_bytes_max
+        sizes: list[int] = []
+        shards: list[int] = []
+        metadata = watch.current
+        for record in records:
+            size = record.size_bytes()
+            if size > record_bytes_max:
+                raise RecordTooLarge(
+                    f"record of {size} bytes exceeds record_bytes_max={record_bytes_max}; "
+                    "nothing of this batch was queued"
+                )
+            sizes.append(size + RECORD_OVERHEAD_BYTES)
+            shards.append(self._route(metadata, record.key, None))
+        future: asyncio.Future[list[Position]] = self._loop.create_future()
+        if not records:
+            future.set_result([])
+            return future
+        total = sum(sizes)
+        if total > self.options.buffer_bytes_max:
+            raise InvalidRequest(
+                f"a batch of {total} bytes cannot fit buffer_bytes_max="
+                f"{self.options.buffer_bytes_max}; split it"
+            )
+        # All or nothing: the whole call waits for room, so Backpressure queues none of it.
+        if self._room_waiters or self._buffered_bytes + total > self.options.buffer_bytes_max:
+            await self._reserve(total)
+        else:
+            self._buffered_bytes += total
+        call = _BatchCall(future, len(records))
+        by_shard: dict[int, tuple[list[int], list[Record], list[int]]] = {}
+        for index, shard in enumerate(shards):
+            group = by_shard.get(shard)
+            if group is None:
+                group = by_shard[shard] = ([], [], [])
+            group[0].append(index)
+            group[1].append(records[index])
+            group[2].append(sizes[index])
+        for shard, (indices, shard_records, shard_sizes) in by_shard.items():
+            self._enqueue_many(topic, shard, shard_records, _Chunk(call, indices), shard_sizes)
+        return future
+
+    def _enqueue_many(
+        self, topic: str, shard: int, records: list[Record], chunk: _Chunk, sizes: list[int]
+    ) -> None:
         queue = self._queues.get((topic, shard)) or self._queue(topic, shard)
-        queue.items.append(_Queued(record, future, size))
+        queue.records.extend(records)
+        queue.sinks.extend([chunk] * len(records))
+        queue.sizes.extend(sizes)
+        queue.bytes += sum(sizes)
+        queue.appended += len(records)
+        queue.wakeup.set()
+        if records[-1].key is None and self._sticky_shard.get(topic) == shard:
+            self._next_sticky(topic, len(self._watches[topic].current.current_epoch.shards))
+
+    def _enqueue(self, topic: str, shard: int, record: Record, sink: _Sink, size: int) -> None:
+        queue = self._queues.get((topic, shard)) or self._queue(topic, shard)
+        queue.records.append(record)
+        queue.sinks.append(sink)
+        queue.sizes.append(size)
         queue.bytes += size
         queue.appended += 1
-        if (
-            len(queue.items) == 1  # start the linger clock
-            or len(queue.items) >= self.options.batch_records_max
-            or queue.bytes >= self.options.batch_bytes_max
-        ):
+        count = len(queue.records)
+        if count == 1:
+            queue.wakeup.set()  # start the linger clock
+        elif count >= self.options.batch_records_max or queue.bytes >= self.options.batch_bytes_max:
             queue.wakeup.set()
-        return future
+            if record.key is None and self._sticky_shard.get(topic) == shard:
+                # A full batch of keyless records: stick to the next shard (an even spread
+                # also when the sender has had no turn yet).
+                self._next_sticky(topic, len(self._watches[topic].current.current_epoch.shards))
 
     async def produce(
         self,
@@ -251,9 +368,11 @@ class XinfraProducer:
         )
         return await future
 
-    def _route(self, metadata: TopicMetadata, record: Record, shard: int | None) -> int:
-        epoch = metadata.current_epoch
-        count = len(epoch.shards)
+    def _route(self, metadata: TopicMetadata, key: bytes | None, shard: int | None) -> int:
+        routing = self._routing.get(metadata.topic.name)
+        if routing is None or routing[0] != metadata.version:
+            routing = self._routing_table(metadata)
+        _version, count, ranges = routing
         if shard is not None:
             if not 0 <= shard < count:
                 raise ShardOutOfRange(
@@ -261,13 +380,26 @@ class XinfraProducer:
                     f"with {count} shards (0..{count - 1})"
                 )
             return shard
-        if record.key is not None:
-            return shard_of_key_in(record.key, [s.key_range for s in epoch.shards])
+        if key is not None:
+            if ranges is None:  # the N equal ranges: arithmetic, no search
+                return (key_hash(key) * count) >> KEYSPACE_BITS
+            return shard_of_key_in(key, ranges)
         topic = metadata.topic.name
         sticky = self._sticky_shard.get(topic)
         if sticky is None or sticky >= count:
             sticky = self._next_sticky(topic, count)
         return sticky
+
+    def _routing_table(self, metadata: TopicMetadata) -> tuple[int, int, list[KeyRange] | None]:
+        """Per version: the shard count, and the ranges unless they are the N equal ones."""
+        ranges = [s.key_range for s in metadata.current_epoch.shards]
+        table = (
+            metadata.version,
+            len(ranges),
+            None if ranges == shard_ranges(len(ranges)) else ranges,
+        )
+        self._routing[metadata.topic.name] = table
+        return table
 
     def _next_sticky(self, topic: str, count: int) -> int:
         """Keyless records stick to one shard per batch, then rotate: even spread, full batches."""
@@ -329,65 +461,66 @@ class XinfraProducer:
         linger_s = self.options.linger_ms / 1000
         while True:
             await queue.wakeup.wait()
-            if not queue.items:
+            if not queue.records:
                 queue.wakeup.clear()
                 if self._closed:
                     return
                 continue
             full = (
-                len(queue.items) >= self.options.batch_records_max
+                len(queue.records) >= self.options.batch_records_max
                 or queue.bytes >= self.options.batch_bytes_max
             )
             if not full and not self._closed and linger_s > 0:
                 queue.wakeup.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(queue.wakeup.wait(), linger_s)
-            batch = self._take_batch(queue)
-            batch_bytes = sum(item.size for item in batch)
+            records, sinks, sizes = self._take_batch(queue)
+            batch_bytes = sum(sizes)
             queue.bytes -= batch_bytes
             if self._sticky_shard.get(queue.topic) == queue.shard:
                 count = len(self._watches[queue.topic].current.current_epoch.shards)
                 self._next_sticky(queue.topic, count)
-            if not queue.items:
+            if not queue.records:
                 queue.wakeup.clear()
             try:
-                await self._deliver(queue.topic, queue.shard, batch)
+                await self._deliver(queue.topic, queue.shard, records, sinks)
             except asyncio.CancelledError:
-                self._fail(batch, InvalidRequest("the producer was cancelled before delivery"))
+                self._fail(sinks, InvalidRequest("the producer was cancelled before delivery"))
                 raise
             except Exception as error:  # a bug: fail the batch loudly, keep the shard going
                 log.exception("producer %s/%s: delivery failed", queue.topic, queue.shard)
-                self._fail(batch, error)
+                self._fail(sinks, error)
             finally:
-                queue.completed += len(batch)
+                queue.completed += len(records)
                 await self._release(batch_bytes)
                 async with self._progress:
                     self._progress.notify_all()
 
-    def _take_batch(self, queue: _ShardQueue) -> list[_Queued]:
+    def _take_batch(self, queue: _ShardQueue) -> tuple[list[Record], list[_Sink], list[int]]:
         """The oldest records up to the batch limits (always at least one)."""
         records_max = self.options.batch_records_max
         bytes_max = self.options.batch_bytes_max
-        if queue.bytes <= bytes_max and len(queue.items) <= records_max:
-            batch = queue.items
-            queue.items = []
-            return batch
+        if queue.bytes <= bytes_max and len(queue.records) <= records_max:
+            taken = (queue.records, queue.sinks, queue.sizes)
+            queue.records, queue.sinks, queue.sizes = [], [], []
+            return taken
         total = 0
         count = 0
-        for item in queue.items[:records_max]:
-            if count and total + item.size > bytes_max:
+        for size in queue.sizes[:records_max]:
+            if count and total + size > bytes_max:
                 break
-            total += item.size
+            total += size
             count += 1
-        batch = queue.items[:count]
-        del queue.items[:count]
-        return batch
+        taken = (queue.records[:count], queue.sinks[:count], queue.sizes[:count])
+        del queue.records[:count], queue.sinks[:count], queue.sizes[:count]
+        return taken
 
-    async def _deliver(self, topic: str, shard: int, batch: list[_Queued]) -> None:
+    async def _deliver(
+        self, topic: str, shard: int, records: list[Record], sinks: list[_Sink]
+    ) -> None:
         """Write the batch to each write epoch in order, retrying what failed, until the deadline."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.options.delivery_timeout_s
-        records = [item.record for item in batch]
         done_epochs: set[int] = set()
         first: list[Position] | None = None
         backoff_s = 0.05
@@ -404,9 +537,11 @@ class XinfraProducer:
                     if first is None:
                         first = positions
                 assert first is not None, "a topic always has a write epoch"
-                for item, position in zip(batch, first, strict=True):
-                    if not item.future.done():
-                        item.future.set_result(position)
+                for sink, position in zip(sinks, first, strict=True):
+                    if type(sink) is _Chunk:
+                        sink.resolve(position)
+                    elif not sink.done():  # type: ignore[union-attr]
+                        sink.set_result(position)  # type: ignore[union-attr]
                 return
             except Sealed:
                 # The epoch was sealed under us: the next metadata version names the new one.
@@ -416,13 +551,13 @@ class XinfraProducer:
                         await asyncio.wait_for(changed.wait(), timeout_s)
             except XinfraError as error:
                 if not error.retriable or loop.time() >= deadline:
-                    self._fail(batch, error)
+                    self._fail(sinks, error)
                     return
                 log.info("producer %s/%s: %s; retrying in %.2f s", topic, shard, error, backoff_s)
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, self.options.retry_backoff_s_max)
             if loop.time() >= deadline:
-                self._fail(batch, Timeout(f"batch for {topic}/{shard} not acknowledged in time"))
+                self._fail(sinks, Timeout(f"batch for {topic}/{shard} not acknowledged in time"))
                 return
 
     async def _write(
@@ -462,10 +597,11 @@ class XinfraProducer:
             await self._writes_done.wait_for(settled)
 
     @staticmethod
-    def _fail(batch: list[_Queued], error: Exception) -> None:
-        for item in batch:
-            if not item.future.done():
-                item.future.set_exception(error)
+    def _fail(sinks: list[_Sink], error: BaseException) -> None:
+        for sink in sinks:
+            future = sink.call.future if isinstance(sink, _Chunk) else sink
+            if not future.done():
+                future.set_exception(error)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -476,7 +612,7 @@ class XinfraProducer:
         """
         targets = [(queue, queue.appended) for queue in self._queues.values()]
         for queue, _ in targets:
-            if queue.items:
+            if queue.records:
                 queue.wakeup.set()
         async with self._progress:
             await self._progress.wait_for(

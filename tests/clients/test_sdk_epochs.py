@@ -148,8 +148,9 @@ async def _check_read_back(live: LiveService, topic: str, stream: Stream) -> Non
 
 
 async def test_producer_keeps_producing_through_a_new_epoch_and_a_service_restart(
-    live: LiveService, kafka: str, second_kafka: str
+    live: LiveService, kafka: str, second_kafka: str, xfail_on: Any
 ) -> None:
+    xfail_on("end_offsets")  # the sealed epoch's end offsets come from ListOffsets latest
     stream, metadata = await _produce_through_epoch_change(
         live, "moving", kafka, second_kafka, restart=True
     )
@@ -213,12 +214,38 @@ async def test_one_consumer_reads_topics_on_two_physical_clusters(
         assert_per_key_order(values)
 
 
+async def test_producer_keeps_producing_through_a_service_restart_and_config_change(
+    live: LiveService, kafka: str
+) -> None:
+    """Metadata changes with no seal in them: no end offsets are read, so no broker deviation."""
+    await live.create_topic("steady", kafka, 3)
+    token = await live.client_token("steady")
+    producer = await open_producer(live.url, token, VC, topics=["steady"], lease_s=6)
+    stream = Stream(producer, "steady")
+    stream.start()
+    try:
+        await wait_until(lambda: len(stream.acked) >= 300, 30)
+        await asyncio.to_thread(live.restart)
+        await live.call(lambda c: c.update_topic_config(VC, "steady", {"owner": "sdk"}))
+        await wait_until(lambda: producer._watches["steady"].current.topic.config, 30)
+        mark = len(stream.acked)
+        await wait_until(lambda: len(stream.acked) >= mark + 300, 30)
+        await stream.stop()
+    finally:
+        await producer.close()
+    assert not stream.failed and len(stream.acked) == stream.sent
+    records = await _read_from_beginning(live, ["steady"], len(stream.acked))
+    assert_exactly_once([r.value for r in records], set(stream.acked))
+    assert_per_key_order([r.value for r in records])
+
+
 @needs_northguard
 async def test_kafka_epoch_then_northguard_epoch_read_from_the_beginning(
-    live: LiveService, kafka: str, northguard: str
+    live: LiveService, kafka: str, northguard: str, xfail_on: Any
 ) -> None:
     """Epoch 0 on Kafka, sealed; epoch 1 on Northguard: a new consumer gets every record once,
     in per-key order, across the boundary."""
+    xfail_on("end_offsets")  # epoch 0's end offsets come from tansu's ListOffsets latest
     stream, metadata = await _produce_through_epoch_change(
         live, "migrated", kafka, northguard, restart=False
     )
