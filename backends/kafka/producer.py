@@ -177,14 +177,17 @@ class KafkaShardProducer(ShardProducer):
         try:
             for record in records:
                 headers = record.headers
+                # Positional arguments: keyword parsing would cost a third of the call.
+                # (topic, value, key, partition, callback, on_delivery, timestamp, headers)
                 produce(
                     topic,
                     record.value,
                     record.key,
                     shard,
-                    on_delivery=on_delivery,
-                    timestamp=record.timestamp_ms or 0,
-                    headers=list(headers) if headers else None,
+                    on_delivery,
+                    None,
+                    record.timestamp_ms or 0,
+                    list(headers) if headers else None,
                 )
                 queued += 1
         except Exception as exc:

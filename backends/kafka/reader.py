@@ -38,13 +38,13 @@ from confluent_kafka import (
     Consumer,
     KafkaError,
     KafkaException,
-    Message,
     TopicPartition,
 )
 
 from backends.kafka.admin import partition_count
 from backends.kafka.config import METADATA_TIMEOUT_S_MAX, reader_config
 from backends.kafka.errors import from_exception, to_xinfra
+from backends.kafka.records import to_records
 from xinfra.backend import ReaderOptions, ShardReader
 from xinfra.errors import InvalidRequest, ShardOutOfRange, XinfraError
 from xinfra.model import ConsumedRecord
@@ -133,26 +133,14 @@ class KafkaShardReader(ShardReader):
         if pending is not None:
             self._apply(pending)
         messages = self._consumer.consume(max_records, timeout_s)
-        records: list[ConsumedRecord] = []
-        append = records.append
+        records, failed = to_records(messages)
         error: XinfraError | None = None
-        for message in messages:
+        if failed:
+            message = failed[0]
             kafka_error = message.error()
-            if kafka_error is not None:
-                if error is None:
-                    error = self._message_error(kafka_error, message)
-                continue
-            timestamp = message.timestamp()[1]
-            headers = message.headers()
-            append(
-                ConsumedRecord(
-                    message.partition(),  # type: ignore[arg-type]
-                    message.offset(),  # type: ignore[arg-type]
-                    timestamp,
-                    message.key(),
-                    message.value(),
-                    tuple(headers) if headers else (),  # type: ignore[arg-type]
-                )
+            assert kafka_error is not None
+            error = to_xinfra(
+                kafka_error, self.bootstrap, f"reading {self.topic}/{message.partition()}"
             )
         if records:
             self._down = None
@@ -172,10 +160,6 @@ class KafkaShardReader(ShardReader):
             )
         else:
             self._consumer.unassign()
-
-    def _message_error(self, error: KafkaError, message: Message) -> XinfraError:
-        where = f"reading {self.topic}/{message.partition()}"
-        return to_xinfra(error, self.bootstrap, where)
 
     def _on_error(self, error: KafkaError) -> None:
         """librdkafka's error callback: remember that every broker is down, log the rest."""
