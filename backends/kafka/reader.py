@@ -14,20 +14,21 @@ carries explicit offsets.  librdkafka itself purges prefetched records of
 partitions no longer assigned (its op versions), so stale data never comes
 back later either.
 
-End offsets.  ``end_offsets`` asks the brokers (``ListOffsets`` latest, one
-request for all shards) and, for shards this reader has fetched, takes the
-larger of that and the high watermark the last Fetch response carried.  Both
-are committed end offsets the partition had during the call (the high
-watermark never moves back), so the larger is the tighter true answer on
-Kafka; it also corrects brokers whose ListOffsets lags (tansu 0.6.0 answers
-"last batch's base offset + 1").  Readers use the default
-``isolation.level=read_committed``: the end offset is the last stable offset,
-equal to the high watermark as Xinfra writes no transactions.
+End offsets.  ``end_offsets`` asks the brokers (ListOffsets latest, one
+request for all shards), then reads the high watermark of a Fetch response
+(``watermark.WatermarkProbe``, see why there) and, for shards this reader
+has fetched, the high watermark of its own last Fetch; it answers the
+largest.  All are end offsets the partition had during the call and the high
+watermark never moves back, so the largest is the freshest true answer, on
+Kafka and on brokers whose ListOffsets lags (tansu 0.6.0).  Readers use the
+default ``isolation.level=read_committed``: the end offset is the last stable
+offset, equal to the high watermark as Xinfra writes no transactions.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -45,11 +46,15 @@ from backends.kafka.admin import partition_count
 from backends.kafka.config import METADATA_TIMEOUT_S_MAX, reader_config
 from backends.kafka.errors import from_exception, to_xinfra
 from backends.kafka.records import to_records
+from backends.kafka.watermark import WatermarkProbe
 from xinfra.backend import ReaderOptions, ShardReader
 from xinfra.errors import InvalidRequest, ShardOutOfRange, XinfraError
 from xinfra.model import ConsumedRecord
 
 log = logging.getLogger(__name__)
+
+_Consumed = tuple[list[ConsumedRecord], XinfraError | None]
+"""What one consume on the worker thread yields: records, and an error to report after them."""
 
 POLL_RECORDS_MAX: Final = 100_000
 """The most records one ``poll`` may return (librdkafka allows up to 1M per consume)."""
@@ -78,11 +83,14 @@ class KafkaShardReader(ShardReader):
         self._down: KafkaError | None = None
         self._consumer = Consumer({**reader_config(bootstrap, options), "error_cb": self._on_error})
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"kafka-reader-{topic}")
+        self._probe = WatermarkProbe(bootstrap, topic)
         self._partitions: int | None = None
         self._generation = 0
         self._pending: dict[int, int] | None = None
         self._assigned: dict[int, int] = {}
         self._deferred: XinfraError | None = None
+        self._buffer: list[ConsumedRecord] = []
+        self._in_flight: tuple[int, dict[int, int] | None, asyncio.Future[_Consumed]] | None = None
         self._closed = False
 
     # -- assignment and polling ----------------------------------------------------------------
@@ -99,36 +107,61 @@ class KafkaShardReader(ShardReader):
         self._pending = wanted
         self._assigned = wanted
         self._deferred = None
+        self._buffer = []
 
     async def poll(self, max_records: int = 1000, timeout_s: float = 1.0) -> list[ConsumedRecord]:
         self._check_open()
         if not 1 <= max_records <= POLL_RECORDS_MAX:
             raise InvalidRequest(f"max_records must be 1..{POLL_RECORDS_MAX}, got {max_records}")
+        if self._buffer:
+            return self._take(max_records)
         if self._deferred is not None:
             deferred, self._deferred = self._deferred, None
             raise deferred
-        generation, pending = self._generation, self._pending
-        self._pending = None
-        loop = asyncio.get_running_loop()
-        try:
-            records, error = await loop.run_in_executor(
-                self._executor, self._poll_blocking, pending, max_records, max(0.0, timeout_s)
+        if self._in_flight is None:
+            # A poll cancelled while librdkafka consumed leaves its consume in flight: the
+            # next poll picks its records up instead of losing them.
+            generation, pending = self._generation, self._pending
+            self._pending = None
+            consumed = asyncio.wrap_future(
+                self._executor.submit(
+                    self._poll_blocking, pending, max_records, max(0.0, timeout_s)
+                )
             )
+            self._in_flight = (generation, pending, consumed)
+        generation, pending, consumed = self._in_flight
+        try:
+            records, error = await asyncio.shield(consumed)
+        except asyncio.CancelledError:
+            if consumed.cancelled():
+                self._in_flight = None
+            raise
         except BaseException:
+            self._in_flight = None
             if pending is not None and self._generation == generation:
                 self._pending = pending  # not applied: the next poll tries again
             raise
+        self._in_flight = None
         if self._generation != generation:
             return []  # assign() ran meanwhile: these belong to the old assignment
         if error is not None:
             if not records:
                 raise error
             self._deferred = error
-        return records
+        self._buffer = records
+        return self._take(max_records)
+
+    def _take(self, max_records: int) -> list[ConsumedRecord]:
+        """Up to ``max_records`` of the buffered records (a carried-over consume may hold more)."""
+        if len(self._buffer) <= max_records:
+            taken, self._buffer = self._buffer, []
+        else:
+            taken, self._buffer = self._buffer[:max_records], self._buffer[max_records:]
+        return taken
 
     def _poll_blocking(
         self, pending: dict[int, int] | None, max_records: int, timeout_s: float
-    ) -> tuple[list[ConsumedRecord], XinfraError | None]:
+    ) -> _Consumed:
         """Runs on the reader's worker thread: apply a new assignment, then consume."""
         if pending is not None:
             self._apply(pending)
@@ -175,12 +208,16 @@ class KafkaShardReader(ShardReader):
 
     async def end_offsets(self, shards: Sequence[int] | None = None) -> dict[int, int]:
         self._check_open()
-        listed = await asyncio.to_thread(self._list_offsets, shards, OFFSET_LATEST_QUERY)
-        for shard, offset in listed.items():
+        return await asyncio.to_thread(self._end_offsets_blocking, shards)
+
+    def _end_offsets_blocking(self, shards: Sequence[int] | None) -> dict[int, int]:
+        listed = self._list_offsets(shards, OFFSET_LATEST_QUERY)
+        answers = self._probe.high_watermarks(listed, self.request_timeout_s)
+        for shard, offset in answers.items():
             fetched = self._fetched_high_watermark(shard)
             if fetched > offset:
-                listed[shard] = fetched
-        return listed
+                answers[shard] = fetched
+        return answers
 
     async def offset_for_timestamp(self, shard: int, timestamp_ms: int) -> int:
         self._check_open()
@@ -250,9 +287,14 @@ class KafkaShardReader(ShardReader):
         if self._closed:
             return
         self._closed = True
+        if self._in_flight is not None:  # a cancelled poll's consume: let it finish first
+            with contextlib.suppress(Exception):
+                await self._in_flight[2]
+            self._in_flight = None
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._executor, self._consumer.close)
+            await asyncio.to_thread(self._probe.close)
         finally:
             self._executor.shutdown(wait=False)
             if self._on_close is not None:
