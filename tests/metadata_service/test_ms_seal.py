@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from conftest import Service
+from conftest import Service, running
 from test_ms_api import VC, create_topic, register, wait_for
 
 from xinfra.model import TopicMetadata
@@ -60,8 +60,6 @@ async def test_seal_gives_up_on_silent_producers_after_the_bound(
     make_config,
     bootstrap: str,  # type: ignore[no-untyped-def]
 ) -> None:
-    from conftest import running
-
     async with running(make_config(seal_settle_s_max=0.5)) as service:
         await register(service, bootstrap, "k1")
         await create_topic(service, shards=1)
