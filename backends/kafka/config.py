@@ -3,7 +3,14 @@
 One place decides how Xinfra talks to Kafka, so that the producer, the reader
 and the admin client agree: topics are never created by accident
 (``allow.auto.create.topics=false``), no consumer group is joined (readers
-``assign``), librdkafka's own logs go to Python logging.
+``assign``).
+
+Logs.  With a Python ``logger`` librdkafka queues its log lines until the
+handle is polled, so only the producer, whose poll thread serves it all the
+time, sends them to Python logging.  The admin client and consumers are
+polled only when the application calls them; a queue there would grow
+without bound while a broker is down and nobody calls, so they keep
+librdkafka's direct stderr logging.
 
 librdkafka's own buffers are set *above* the Xinfra bounds: the backend checks
 its limits first and raises ``Backpressure`` or ``RecordTooLarge`` before a
@@ -41,7 +48,6 @@ def common(bootstrap: str) -> dict[str, Any]:
     return {
         "bootstrap.servers": bootstrap,
         "allow.auto.create.topics": False,
-        "logger": LIBRDKAFKA_LOGGER,
         "reconnect.backoff.ms": 100,
         "reconnect.backoff.max.ms": 2000,
     }
@@ -61,6 +67,7 @@ def producer_config(bootstrap: str, options: ProducerOptions) -> dict[str, Any]:
     queue_kbytes = min(LIBRDKAFKA_QUEUE_KBYTES_MAX, 2 * options.buffer_bytes_max // 1024 + 1024)
     return {
         **common(bootstrap),
+        "logger": LIBRDKAFKA_LOGGER,
         "enable.idempotence": True,
         "acks": "all",
         "linger.ms": options.linger_ms,

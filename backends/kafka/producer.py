@@ -1,7 +1,11 @@
 """The Kafka shard producer: one idempotent librdkafka producer, one future per ``send``.
 
-Hot path (the figure to keep in mind: ~1.5 us of Python per record of 100 B
-on one core, so ~600k records/s before the broker; the broker is the limit).
+Hot path, measured on this machine for 100-byte records: ``send`` costs
+~0.85 us per record on the event loop (a bare ``Producer.produce`` with a
+keyword callback 0.8 us, with a positional one 0.55 us), and each delivery
+report ~0.3 us on the poll thread, so one core sustains ~800k records/s
+before the broker; tansu takes ~500-600k/s.  ``bench/kafka_backend.py``
+measures the ratio to a bare loop in the same run.
 
 * ``send`` checks the whole call up front (shard, record sizes, buffer room)
   and then hands every record to ``Producer.produce`` with the partition set
