@@ -11,49 +11,18 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import uvicorn
-from fastapi import FastAPI
+from ms_harness import ADMIN_TOKEN, Service, running
 from ms_memory_backend import MemoryBackend, memory_cluster
 
 from metadata_service import ServiceConfig, create_app
 from xinfra.services.ports import free_port
 from xinfra.settings import get_settings
-
-ADMIN_TOKEN = "test-admin-" + uuid.uuid4().hex
-
-
-def admin_headers() -> dict[str, str]:
-    return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-
-
-@dataclass
-class Service:
-    app: FastAPI
-    http: httpx.AsyncClient
-    config: ServiceConfig
-
-    async def ok(self, method: str, url: str, status: int = 200, **kwargs: Any) -> Any:
-        response = await self.http.request(method, url, **kwargs)
-        assert response.status_code == status, (response.status_code, response.text)
-        return response.json() if response.content else None
-
-
-@asynccontextmanager
-async def running(config: ServiceConfig) -> AsyncIterator[Service]:
-    app = create_app(config)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://service", headers=admin_headers(), timeout=60
-        ) as http:
-            yield Service(app, http, config)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-from conftest import Service, running
+from ms_harness import Service, running
 from ms_memory_backend import memory_cluster
 
 from metadata_service import ServiceConfig

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ADMIN_TOKEN, admin_headers, running
+from ms_harness import ADMIN_TOKEN, admin_headers, running
 from test_ms_api import VC, create_topic, register, wait_for
 
 from metadata_service import ServiceConfig

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import Service, running
+from ms_harness import Service, running
 from test_ms_api import VC, assert_problem
 
 from metadata_service import ServiceConfig

@@ -8,9 +8,9 @@ import uuid
 import pytest
 import requests
 import schemathesis
-from conftest import ADMIN_TOKEN
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ms_harness import ADMIN_TOKEN
 from ms_memory_backend import memory_cluster
 from schemathesis.checks import (
     content_type_conformance,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from conftest import Service, running
+from ms_harness import Service, running
 from test_ms_api import VC, create_topic, register, wait_for
 
 from xinfra.model import TopicMetadata
