@@ -253,14 +253,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a reduced size, under a minute")
-    parser.add_argument("--records", type=int, default=None, help="records per loop (default 300k)")
+    parser.add_argument(
+        "--records", type=int, default=None, help="records per round (default 300k, --quick 100k)"
+    )
     parser.add_argument("--record-bytes", type=int, default=100)
     parser.add_argument("--batch", type=int, default=1000, help="records per send()")
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds; best is kept")
     args = parser.parse_args()
     if args.records is None:
-        args.records = 50_000 if args.quick else 300_000
+        args.records = 100_000 if args.quick else 300_000
     with contextlib.suppress(KeyboardInterrupt):
         result = asyncio.run(run(args))
         print(json.dumps(result))

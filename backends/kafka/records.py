@@ -7,6 +7,13 @@ bare throughput.  A frozen dataclass ``__init__`` costs ~0.7 us (one
 through the slot descriptors directly (~0.4 us), which is what ``__init__``
 does minus the frozen check.  The field list is asserted at import: a change
 to ``ConsumedRecord`` stops here loudly instead of leaving a slot unset.
+
+Measured: ~0.55 us per record with the garbage collector idle, ~1 us when
+the process holds many live objects (each record is a GC-tracked object that
+survives, so generational collections follow the allocation rate).  The
+backend does not pause the collector (process-wide state is the
+application's); an application that keeps millions of records alive can
+raise ``gc`` thresholds or ``gc.freeze()`` after start-up.
 """
 
 from __future__ import annotations

@@ -171,3 +171,31 @@ async def test_closing_the_backend_closes_what_it_made(
         await reader.end_offsets()
     with pytest.raises(InvalidRequest, match="closed"):
         await kafka_backend.list_topics()
+
+
+async def test_a_produce_refused_midway_fails_the_send_after_the_queued_records_settle(
+    kafka_backend: KafkaBackend, topic_name: str
+) -> None:
+    await kafka_backend.create_topic(topic_name, shard_ranges(1))
+    producer = kafka_backend.producer(topic_name)
+    assert isinstance(producer, KafkaShardProducer)
+    real = producer._producer
+
+    class RefusesThird:
+        calls = 0
+
+        def produce(self, *args: object) -> None:
+            RefusesThird.calls += 1
+            if RefusesThird.calls == 3:
+                raise BufferError("Local: Queue full")
+            real.produce(*args)
+
+    producer._producer = RefusesThird()  # type: ignore[assignment]
+    failed = producer.send(0, [Record(value=b"%d" % i) for i in range(5)])
+    with pytest.raises(BackendUnavailable, match="queue is full"):
+        await asyncio.wait_for(failed, WAIT_S)
+    producer._producer = real
+    await producer.flush()
+    assert producer._buffered_bytes == 0 and producer._buffered_records == 0
+    assert await producer.send(0, [Record(value=b"after")]) == [2]  # the two queued were stored
+    await producer.close()
