@@ -259,7 +259,7 @@ def main() -> None:
     parser.add_argument("--record-bytes", type=int, default=100)
     parser.add_argument("--batch", type=int, default=1000, help="records per send()")
     parser.add_argument("--shards", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds; best is kept")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; best is kept")
     args = parser.parse_args()
     if args.records is None:
         args.records = 100_000 if args.quick else 300_000
