@@ -7,9 +7,10 @@ Set-up (started here): tansu (``start_kafka``), a Northguard broker when
 For each backend, on a topic of ``SHARDS`` shards, ``records`` records of a
 ``KEY_BYTES``-byte key and a ``VALUE_BYTES``-byte value:
 
-* bare produce: ``ShardProducer.send`` of pre-built batches of
-  ``BARE_BATCH_RECORDS`` records, keys routed by the keyspace, at most
-  ``BARE_WINDOW`` batches in flight: what a careful user of the backend gets.
+* bare produce: the same ``Record`` objects routed by key (``shard_of_key``,
+  inside the timed part: a keyed topic needs it with or without the SDK) into
+  per-shard batches of ``BARE_BATCH_RECORDS``, sent with ``ShardProducer.send``,
+  at most ``BARE_WINDOW`` batches in flight: what a careful user of the backend gets.
 * SDK produce: ``XinfraProducer.send_batch`` of the same ``BARE_BATCH_RECORDS``
   records per call (key routing, batching, back-pressure, positions all
   included), then ``flush``: the like-for-like figure the target is on.
@@ -151,16 +152,17 @@ def make_records(count: int) -> list[tuple[bytes, bytes]]:
 
 async def bare_produce(backend: Backend, topic: str, records: list[tuple[bytes, bytes]]) -> float:
     await backend.create_topic(topic, shard_ranges(SHARDS))
+    built = [Record(value, key) for key, value in records]
+    producer = backend.producer(topic)
+    started = time.perf_counter()
     per_shard: dict[int, list[Record]] = {}
-    for key, value in records:
-        per_shard.setdefault(shard_of_key(key, SHARDS), []).append(Record(value, key))
+    for record in built:
+        per_shard.setdefault(shard_of_key(record.key or b"", SHARDS), []).append(record)
     batches = [
         (shard, rs[i : i + BARE_BATCH_RECORDS])
         for shard, rs in per_shard.items()
         for i in range(0, len(rs), BARE_BATCH_RECORDS)
     ]
-    producer = backend.producer(topic)
-    started = time.perf_counter()
     in_flight: set[asyncio.Future[list[int]]] = set()
     for shard, batch in batches:
         if len(in_flight) >= BARE_WINDOW:
@@ -182,12 +184,12 @@ async def sdk_produce(
     producer = await open_producer(url, TOKEN, VC, topics=[topic])
     try:
         futures: list[asyncio.Future[Any]] = []
+        built = [Record(value, key) for key, value in records]
         started = time.perf_counter()
         if per_record:
             for key, value in records:
                 futures.append(await producer.send(topic, value, key=key))
         else:
-            built = [Record(value, key) for key, value in records]
             for i in range(0, len(built), BARE_BATCH_RECORDS):
                 futures.append(await producer.send_batch(topic, built[i : i + BARE_BATCH_RECORDS]))
         await producer.flush()

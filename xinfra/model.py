@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator
 
@@ -163,9 +163,12 @@ class ConsumedRecord:
     headers: tuple[Header, ...] = ()
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Position:
-    """Where a consumer is in a virtual topic: the next offset to read in (epoch, shard)."""
+class Position(NamedTuple):
+    """Where a record is, or where a consumer is: (epoch, shard, offset).
+
+    A named tuple, not a dataclass: the producer makes one per record on its
+    hot path, and a tuple is made several times faster.  Ordered as a tuple.
+    """
 
     epoch: int
     shard: int
