@@ -35,7 +35,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,7 @@ from typing import Any
 
 import confluent_kafka
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from report import machine, target  # bench/report.py: the shape every bench prints
 
 from backends.kafka.backend import KafkaBackend
 from backends.kafka.config import producer_config, reader_config
@@ -159,7 +159,8 @@ def bare_read(bootstrap: str, topic: str, total: int, args: argparse.Namespace) 
     return elapsed
 
 
-def machine() -> dict[str, Any]:
+def peers() -> dict[str, Any]:
+    """Versions of what ran beside the backend, for the report's machine block."""
     try:
         tansu = subprocess.run(
             [str(tansu_binary()), "--version"], capture_output=True, text=True, timeout=10
@@ -167,9 +168,6 @@ def machine() -> dict[str, Any]:
     except Exception as error:
         tansu = f"unknown ({error})"
     return {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
         "confluent_kafka": confluent_kafka.__version__,
         "librdkafka": confluent_kafka.libversion()[0],
         "broker": f"{tansu} (memory storage)",
@@ -251,15 +249,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "read_ratio": round(read_ratio, 3),
     }
     targets = {
-        name: {
-            "value": figures[name],
-            "target": RATIO_TARGET,
-            "op": ">=",
-            "met": figures[name] >= RATIO_TARGET,
-        }
-        for name in ("produce_ratio", "read_ratio")
+        name: target(figures[name], RATIO_TARGET) for name in ("produce_ratio", "read_ratio")
     }
-    return {"bench": "kafka_backend", "machine": machine(), "figures": figures, "targets": targets}
+    return {
+        "bench": "kafka_backend",
+        "machine": machine(**peers()),
+        "figures": figures,
+        "targets": targets,
+    }
 
 
 def main() -> None:

@@ -30,9 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-import json
-import os
-import platform
 import sys
 import tempfile
 import threading
@@ -46,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import uvicorn  # noqa: E402
+from report import emit, target  # noqa: E402  (bench/report.py: the shape every bench prints)
 
 from clients import XinfraConsumerOptions, open_consumer, open_producer  # noqa: E402
 from metadata_service import ServiceConfig, create_app  # noqa: E402
@@ -68,28 +66,6 @@ TARGET_RATIO = 0.8
 
 def log(message: str) -> None:
     print(f"[bench sdk] {message}", file=sys.stderr, flush=True)
-
-
-def machine() -> dict[str, object]:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpus": os.cpu_count(),
-        "cpu": model,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
-
-
-def target(value: float, goal: float, op: str = ">=") -> dict[str, object]:
-    met = value >= goal if op == ">=" else value <= goal
-    return {"value": round(value, 3), "target": goal, "op": op, "met": bool(met)}
 
 
 class Service:
@@ -298,8 +274,7 @@ def main() -> None:
             for op in ("produce", "consume"):
                 name = f"{cluster.name}_{op}_ratio"
                 targets[name] = target(figures[name], TARGET_RATIO)
-    result = {"bench": "sdk", "machine": machine(), "figures": figures, "targets": targets}
-    print(json.dumps(result))
+    emit("sdk", figures, targets)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,53 @@
+"""The shape every benchmark prints as its last line (DESIGN.md §9), in one place.
+
+{"bench": NAME, "machine": {...}, "figures": {NAME: number}, "targets": {NAME: {value, target, op, met}}}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+
+def machine(**extra: Any) -> dict[str, Any]:
+    """What the figures were measured on; ``extra`` adds versions of the peers in the run."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpus": os.cpu_count(),
+        "cpu": model,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        **extra,
+    }
+
+
+def target(value: float, goal: float, op: str = ">=") -> dict[str, Any]:
+    met = value >= goal if op == ">=" else value <= goal
+    return {"value": round(value, 3), "target": goal, "op": op, "met": bool(met)}
+
+
+def emit(
+    bench: str, figures: dict[str, Any], targets: dict[str, Any], **machine_extra: Any
+) -> None:
+    """Print the one JSON object, last."""
+    print(
+        json.dumps(
+            {
+                "bench": bench,
+                "machine": machine(**machine_extra),
+                "figures": figures,
+                "targets": targets,
+            }
+        ),
+        flush=True,
+    )
