@@ -530,7 +530,9 @@ class XinfraProducer:
             changed = watch.changed
             try:
                 if metadata.topic.sealed:
-                    self._fail(sinks, Sealed(f"topic {topic!r} is sealed: it takes no more records"))
+                    self._fail(
+                        sinks, Sealed(f"topic {topic!r} is sealed: it takes no more records")
+                    )
                     return
                 for epoch in metadata.write_epochs:
                     if epoch.number in done_epochs:
