@@ -1,0 +1,117 @@
+"""``NorthguardBackend``: the Xinfra backend contract over a Northguard cluster.
+
+Shard *i* of a physical topic is its *i*-th current range in keyspace order
+(``xinfra.backend``): created from the given key ranges, so Kafka partitions
+and Northguard ranges line up.  Bootstrap is ``host:port`` (the first of a
+comma-separated list is used; any broker proxies metadata requests).
+``attributes['request_timeout_s']`` overrides the settings' request timeout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from backends.northguard.client.admin import AdminClient, TopicView
+from backends.northguard.client.blocking import request_blocking
+from backends.northguard.client.producer import NorthguardProducer
+from backends.northguard.client.reader import NorthguardReader
+from backends.northguard.runtime import RealRuntime, Runtime
+from xinfra.backend import Backend, ProducerOptions, ReaderOptions, ShardProducer, ShardReader
+from xinfra.errors import BackendUnavailable, InvalidRequest
+from xinfra.keyspace import KeyRange, check_covering
+from xinfra.model import ClusterKind, PhysicalCluster, PhysicalTopicInfo
+from xinfra.settings import get_settings
+
+
+class NorthguardBackend(Backend):
+    kind = ClusterKind.NORTHGUARD
+
+    def __init__(self, cluster: PhysicalCluster, runtime: Runtime | None = None) -> None:
+        self.cluster = cluster
+        self.address = cluster.bootstrap.split(",")[0].strip()
+        timeout = cluster.attributes.get("request_timeout_s")
+        self.request_timeout_s = float(timeout) if timeout else get_settings().request_timeout_s
+        self._runtime = runtime or RealRuntime()
+        self._admin = AdminClient(self._runtime, self.address, self.request_timeout_s)
+        self._producers: set[NorthguardProducer] = set()
+        self._readers: set[NorthguardReader] = set()
+        self._views: dict[str, TopicView] = {}  # topics this backend created or described
+
+    async def check(self) -> None:
+        try:
+            await self._admin.ping()
+        except BackendUnavailable:
+            raise
+        except Exception as error:
+            raise BackendUnavailable(
+                f"Northguard broker {self.address} does not answer: {error}"
+            ) from error
+
+    async def create_topic(
+        self, name: str, ranges: Sequence[KeyRange], config: Mapping[str, str] | None = None
+    ) -> PhysicalTopicInfo:
+        try:
+            check_covering(ranges)
+        except ValueError as error:
+            raise InvalidRequest(
+                f"ranges of topic {name!r} must cover the keyspace: {error}"
+            ) from error
+        view = await self._admin.create_topic(name, list(ranges), dict(config or {}))
+        self._views[name] = view
+        return _info(view)
+
+    async def describe_topic(self, name: str) -> PhysicalTopicInfo:
+        self._views.pop(name, None)
+        view = await self._admin.topic(name)
+        self._views[name] = view
+        return _info(view)
+
+    async def list_topics(self) -> list[str]:
+        return await self._admin.list_topics()
+
+    async def delete_topic(self, name: str) -> None:
+        self._views.pop(name, None)
+        await self._admin.delete_topic(name)
+
+    def producer(self, topic: str, options: ProducerOptions | None = None) -> ShardProducer:
+        """A producer to ``topic``; knows its ranges now, so ``send`` refuses a bad shard at once.
+
+        The ranges come from this backend's last ``create_topic``/``describe_topic``
+        of the topic, else from one blocking metadata request (like Kafka's
+        partition count).
+        """
+        view = self._views.get(topic)
+        if view is None:
+            view = TopicView.from_json(
+                request_blocking(self.address, "topic_metadata", self.request_timeout_s, name=topic)
+            )
+        producer = NorthguardProducer(
+            self._runtime, self.address, view, options or ProducerOptions()
+        )
+        self._producers.add(producer)
+        return producer
+
+    def reader(self, topic: str, options: ReaderOptions | None = None) -> ShardReader:
+        reader = NorthguardReader(
+            self._runtime, self.address, topic, options or ReaderOptions(), self.request_timeout_s
+        )
+        self._readers.add(reader)
+        return reader
+
+    async def close(self) -> None:
+        for producer in list(self._producers):
+            await producer.close()
+        for reader in list(self._readers):
+            await reader.close()
+        self._producers.clear()
+        self._readers.clear()
+        await self._admin.close()
+
+
+def _info(view: TopicView) -> PhysicalTopicInfo:
+    return PhysicalTopicInfo(
+        name=view.name,
+        shards=[r.key_range for r in view.ranges],
+        config=view.config,
+        sealed=view.sealed,
+    )

@@ -1,0 +1,274 @@
+"""One client connection: decode frames, run unary requests, own the connection's streams.
+
+A protocol error (bad frame, wrong version, oversized frame, unexpected
+message type) is answered with one ERROR frame and closes *this* connection;
+the broker keeps serving every other.  An error inside one stream (unknown
+topic, sealed range, corrupt batch, window overrun) fails only that stream
+with a STREAM_ERROR.  Every task a connection starts is owned by it and
+cancelled when it closes.
+
+Bounds: ``STREAMS_PER_CONNECTION_MAX`` streams, ``REQUESTS_INFLIGHT_MAX``
+unary requests in flight, and ``WRITE_BUFFER_BYTES_MAX`` bytes queued for the
+socket before the connection stops reading (back-pressure on a slow client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from backends.northguard import protocol
+from backends.northguard.broker.consume_session import ConsumeSession
+from backends.northguard.broker.coordinator import Coordinator
+from backends.northguard.broker.metrics import BrokerMetrics
+from backends.northguard.broker.produce_session import PRODUCE_WINDOW_BYTES_MAX, ProduceSession
+from backends.northguard.broker.requests import handle_request
+from backends.northguard.protocol import MsgType
+from xinfra.errors import Backpressure, InvalidRequest, OffsetOutOfRange, ProtocolError, XinfraError
+
+log = logging.getLogger(__name__)
+
+READ_CHUNK_BYTES = 1 << 20
+STREAMS_PER_CONNECTION_MAX = 10_000
+REQUESTS_INFLIGHT_MAX = 64
+WRITE_BUFFER_BYTES_MAX = 8 << 20
+
+
+class BrokerConnection:
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        metrics: BrokerMetrics,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        frame_bytes_max: int,
+    ) -> None:
+        self._coordinator = coordinator
+        self._metrics = metrics
+        self._reader = reader
+        self._writer = writer
+        self._frame_bytes_max = frame_bytes_max
+        self._producers: dict[int, ProduceSession] = {}
+        self._consumers: dict[int, ConsumeSession] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        peer = writer.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+
+    async def run(self) -> None:
+        decoder = protocol.FrameDecoder(self._frame_bytes_max)
+        self._metrics.connections.inc()
+        try:
+            while True:
+                data = await self._reader.read(READ_CHUNK_BYTES)
+                if not data:
+                    break
+                for item in decoder.feed(data):
+                    self._dispatch(item)
+                if self._writer.transport.get_write_buffer_size() > WRITE_BUFFER_BYTES_MAX:
+                    await self._writer.drain()
+        except ProtocolError as error:
+            log.warning("closing connection from %s: %s", self.peer, error)
+            self._metrics.errors.labels(error.code).inc()
+            self._write(protocol.encode_error(error))
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._metrics.connections.dec()
+        for producer in self._producers.values():
+            producer.close()
+        for consumer in list(self._consumers.values()):
+            await consumer.close()
+        self._metrics.streams.labels("produce").dec(len(self._producers))
+        self._metrics.streams.labels("consume").dec(len(self._consumers))
+        self._producers.clear()
+        self._consumers.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        with contextlib.suppress(Exception):
+            self._writer.close()
+            await self._writer.wait_closed()
+
+    # -- output ----------------------------------------------------------------------------------
+
+    def _write(self, data: bytes) -> None:
+        if not self._closed and not self._writer.is_closing():
+            self._writer.write(data)
+
+    async def _write_and_drain(self, data: bytes) -> None:
+        self._write(data)
+        if self._writer.transport.get_write_buffer_size() > WRITE_BUFFER_BYTES_MAX:
+            await self._writer.drain()
+
+    def _stream_error(self, stream_id: int, error: XinfraError) -> None:
+        """Fail one stream: tell the client, forget the stream (its later frames are ignored)."""
+        self._metrics.errors.labels(error.code).inc()
+        if (producer := self._producers.pop(stream_id, None)) is not None:
+            producer.close()
+            self._metrics.streams.labels("produce").dec()
+        if (consumer := self._consumers.pop(stream_id, None)) is not None:
+            self._metrics.streams.labels("consume").dec()
+            self._spawn(consumer.close())
+        self._write(
+            protocol.encode_json(MsgType.STREAM_ERROR, stream_id, protocol.error_payload(error))
+        )
+
+    def _spawn(self, coroutine: Any) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- input -----------------------------------------------------------------------------------
+
+    def _dispatch(self, item: protocol.Frame) -> None:
+        kind = item.type
+        if kind is MsgType.APPEND:
+            stream_id, seq, batch = protocol.decode_append(item.body)
+            producer = self._producers.get(stream_id)
+            if producer is not None:  # else: a stream already failed; its in-flight frames are moot
+                try:
+                    producer.on_append(seq, batch)
+                except XinfraError as error:
+                    self._stream_error(stream_id, error)
+        elif kind is MsgType.READ:
+            stream_id, consumed, window = protocol.decode_read(item.body)
+            consumer = self._consumers.get(stream_id)
+            if consumer is not None:
+                try:
+                    consumer.on_read(consumed, window)
+                except XinfraError as error:
+                    self._stream_error(stream_id, error)
+        elif kind is MsgType.REQUEST:
+            correlation, payload = protocol.decode_json(item.body)
+            if len(self._tasks) >= REQUESTS_INFLIGHT_MAX:
+                busy = Backpressure(f"more than {REQUESTS_INFLIGHT_MAX} requests in flight")
+                self._write(
+                    protocol.encode_json(
+                        MsgType.RESPONSE, correlation, protocol.error_payload(busy)
+                    )
+                )
+            else:
+                self._spawn(self._request(correlation, payload))
+        elif kind is MsgType.PRODUCE_OPEN:
+            stream_id, payload = protocol.decode_json(item.body)
+            self._open(stream_id, payload, self._open_produce)
+        elif kind is MsgType.CONSUME_OPEN:
+            stream_id, payload = protocol.decode_json(item.body)
+            self._open(stream_id, payload, self._open_consume)
+        elif kind is MsgType.STREAM_CLOSE:
+            stream_id = protocol.decode_stream_close(item.body)
+            if (producer := self._producers.pop(stream_id, None)) is not None:
+                producer.close()
+                self._metrics.streams.labels("produce").dec()
+            if (consumer := self._consumers.pop(stream_id, None)) is not None:
+                self._metrics.streams.labels("consume").dec()
+                self._spawn(consumer.close())
+        else:
+            raise ProtocolError(f"a client does not send {kind.name} messages")
+
+    async def _request(self, correlation: int, payload: dict[str, Any]) -> None:
+        op = str(payload.get("op"))
+        try:
+            result = await handle_request(self._coordinator, payload)
+            self._metrics.requests.labels(op if len(op) < 40 else "other").inc()
+            response: dict[str, Any] = {"result": result}
+        except XinfraError as error:
+            self._metrics.errors.labels(error.code).inc()
+            response = protocol.error_payload(error)
+        except Exception as error:  # a bug: report it as internal, keep serving
+            log.exception("request %s failed", op)
+            response = protocol.error_payload(XinfraError(f"internal error in {op}: {error!r}"))
+        self._write(protocol.encode_json(MsgType.RESPONSE, correlation, response))
+
+    def _open(self, stream_id: int, payload: dict[str, Any], opener: Any) -> None:
+        try:
+            if stream_id in self._producers or stream_id in self._consumers:
+                raise InvalidRequest(f"stream id {stream_id} is already open on this connection")
+            if len(self._producers) + len(self._consumers) >= STREAMS_PER_CONNECTION_MAX:
+                raise Backpressure(
+                    f"more than {STREAMS_PER_CONNECTION_MAX} streams on a connection"
+                )
+            opener(stream_id, payload)
+        except XinfraError as error:
+            self._metrics.errors.labels(error.code).inc()
+            self._write(
+                protocol.encode_json(MsgType.STREAM_ERROR, stream_id, protocol.error_payload(error))
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            failure = InvalidRequest(f"malformed stream open: {error!r}")
+            self._write(
+                protocol.encode_json(
+                    MsgType.STREAM_ERROR, stream_id, protocol.error_payload(failure)
+                )
+            )
+
+    def _open_produce(self, stream_id: int, payload: dict[str, Any]) -> None:
+        range_log = self._coordinator.range_log(str(payload["topic"]), int(payload["range_id"]))
+        window = int(payload.get("window_bytes", PRODUCE_WINDOW_BYTES_MAX))
+        if window <= 0:
+            raise InvalidRequest(f"a produce window must be positive, not {window}")
+        window = min(window, PRODUCE_WINDOW_BYTES_MAX)
+        producer_id = int(payload["producer_id"])
+        if not 0 <= producer_id < 1 << 64:
+            raise InvalidRequest("producer id must fit 64 bits")
+        self._producers[stream_id] = ProduceSession(
+            stream_id,
+            range_log,
+            producer_id,
+            window,
+            self._write,
+            self._stream_error,
+            self._metrics,
+        )
+        self._metrics.streams.labels("produce").inc()
+        self._write(
+            protocol.encode_json(
+                MsgType.PRODUCE_OPENED,
+                stream_id,
+                {
+                    "window_bytes": window,
+                    "segment": range_log.active,
+                    "end_offset": range_log.committed,
+                },
+            )
+        )
+
+    def _open_consume(self, stream_id: int, payload: dict[str, Any]) -> None:
+        range_log = self._coordinator.range_log(str(payload["topic"]), int(payload["range_id"]))
+        offset = int(payload["offset"])
+        meta = range_log.meta
+        if not meta.start_offset <= offset <= range_log.committed:
+            raise OffsetOutOfRange(
+                f"offset {offset} is outside range {meta.range_id} "
+                f"[{meta.start_offset}, {range_log.committed}]"
+            )
+        consumer = ConsumeSession(
+            stream_id,
+            range_log,
+            offset,
+            int(payload["window_bytes"]),
+            self._write_and_drain,
+            self._stream_error,
+            self._metrics,
+        )
+        self._consumers[stream_id] = consumer
+        self._metrics.streams.labels("consume").inc()
+        self._write(
+            protocol.encode_json(
+                MsgType.CONSUME_OPENED,
+                stream_id,
+                {"start_offset": meta.start_offset, "end_offset": range_log.committed},
+            )
+        )
+        consumer.start()

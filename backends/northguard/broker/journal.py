@@ -1,0 +1,133 @@
+"""The durable log of metadata ops: the seam where a vnode's Raft log will go.
+
+Today one broker owns all metadata, so the journal is a local file: each op
+is ``length u32 | crc32c u32 | JSON``, written and fsynced before the op is
+applied (an op is decided once it is durable).  ``snapshot`` writes the whole
+state to a new file, renames it into place durably, then empties the log;
+ops carry sequence numbers, so a crash between the two steps only replays ops
+the snapshot already holds, which ``MetadataState.apply`` skips.
+
+Recovery stops at the first torn or corrupt record and cuts the log there:
+such a record was never fsynced completely, so its op was never applied or
+answered.  A bad snapshot is a loud stop (``CorruptData``): metadata is not
+guessed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import crc32c
+
+from backends.northguard.runtime import File, Runtime
+from xinfra.errors import CorruptData
+
+_RECORD = struct.Struct("<II")
+OP_BYTES_MAX = 1 << 20
+JOURNAL_OPS_MAX = 10_000
+"""Ops in the log before the coordinator writes a snapshot and empties it."""
+
+
+class FileJournal:
+    """Metadata ops in ``<dir>/journal.log`` and the latest snapshot in ``<dir>/snapshot``."""
+
+    def __init__(self, runtime: Runtime, directory: Path) -> None:
+        self._runtime = runtime
+        self._dir = directory
+        self._log_path = directory / "journal.log"
+        self._snapshot_path = directory / "snapshot"
+        self._file: File | None = None
+        self._size = 0
+        self._lock = asyncio.Lock()
+        self.ops_since_snapshot = 0
+
+    def load(self) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """Read the snapshot and the ops after it; cut a torn tail.  Called once, before serving."""
+        disk = self._runtime.disk
+        disk.makedirs(self._dir)
+        snapshot: dict[str, Any] | None = None
+        if disk.exists(self._snapshot_path):
+            file = disk.open(self._snapshot_path, create=False)
+            try:
+                data = file.pread(file.size(), 0)
+            finally:
+                file.close()
+            records, good = _parse(data)
+            if len(records) != 1 or good != len(data):
+                raise CorruptData(f"metadata snapshot {self._snapshot_path} is damaged")
+            snapshot = records[0]
+        self._file = disk.open(self._log_path)
+        data = self._file.pread(self._file.size(), 0)
+        ops, good = _parse(data)
+        if good < len(data):
+            self._file.truncate(good)
+            self._file.fsync()
+        self._size = good
+        self.ops_since_snapshot = len(ops)
+        return snapshot, ops
+
+    async def append(self, op: dict[str, Any]) -> None:
+        """Make ``op`` durable; return only after fsync."""
+        record = _encode(op)
+        async with self._lock:
+            file = self._file
+            assert file is not None, "journal not loaded"
+            await self._runtime.run_blocking(_write_sync, file, record, self._size)
+            self._size += len(record)
+            self.ops_since_snapshot += 1
+
+    async def snapshot(self, state: dict[str, Any]) -> None:
+        """Replace the snapshot with ``state`` durably, then empty the log."""
+        record = _encode(state)
+        async with self._lock:
+            file = self._file
+            assert file is not None, "journal not loaded"
+            await self._runtime.run_blocking(self._snapshot_sync, file, record)
+            self._size = 0
+            self.ops_since_snapshot = 0
+
+    def _snapshot_sync(self, log_file: File, record: bytes) -> None:
+        disk = self._runtime.disk
+        temporary = self._dir / "snapshot.tmp"
+        disk.remove(temporary)
+        file = disk.open(temporary)
+        try:
+            _write_sync(file, record, 0)
+        finally:
+            file.close()
+        disk.rename(temporary, self._snapshot_path)
+        log_file.truncate(0)
+        log_file.fsync()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _encode(payload: dict[str, Any]) -> bytes:
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    return _RECORD.pack(len(body), crc32c.crc32c(body)) + body
+
+
+def _write_sync(file: File, record: bytes, position: int) -> None:
+    file.pwrite(record, position)
+    file.fsync()
+
+
+def _parse(data: bytes) -> tuple[list[dict[str, Any]], int]:
+    """Whole good records from the start and the byte count they span."""
+    records: list[dict[str, Any]] = []
+    position = 0
+    while len(data) - position >= _RECORD.size:
+        length, crc = _RECORD.unpack_from(data, position)
+        body = data[position + _RECORD.size : position + _RECORD.size + length]
+        if length > OP_BYTES_MAX * 64 or len(body) < length or crc32c.crc32c(body) != crc:
+            break
+        records.append(json.loads(body))
+        position += _RECORD.size + length
+    return records, position

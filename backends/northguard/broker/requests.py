@@ -1,0 +1,94 @@
+"""Unary metadata requests: one JSON request, one JSON response, answered by the coordinator.
+
+Every request names its ``op``; malformed arguments are ``InvalidRequest``.
+In a cluster any broker would proxy a request to the leader of the vnode that
+owns the topic or range; with one broker this broker is that leader.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backends.northguard.broker.coordinator import Coordinator
+from xinfra.errors import InvalidRequest
+from xinfra.keyspace import KeyRange, shard_ranges
+
+OPS = frozenset(
+    {
+        "ping",
+        "create_topic",
+        "delete_topic",
+        "list_topics",
+        "topic_metadata",
+        "seal_topic",
+        "segment_metadata",
+        "seal_segment",
+        "split_range",
+        "merge_ranges",
+        "offset_for_timestamp",
+    }
+)
+
+
+async def handle_request(coordinator: Coordinator, request: dict[str, Any]) -> dict[str, Any]:
+    """The result of one unary request; raises ``XinfraError`` for the error response."""
+    op = request.get("op")
+    if op not in OPS:
+        raise InvalidRequest(f"unknown request op {op!r}")
+    try:
+        return await _dispatch(coordinator, op, request)
+    except (KeyError, TypeError, ValueError) as error:
+        raise InvalidRequest(f"malformed {op} request: {error!r}") from error
+
+
+async def _dispatch(coordinator: Coordinator, op: str, request: dict[str, Any]) -> dict[str, Any]:
+    if op == "ping":
+        return {"broker_id": coordinator.config.broker_id}
+    if op == "list_topics":
+        return {"topics": coordinator.list_topics()}
+    name = _str(request, "name")
+    if op == "create_topic":
+        if "ranges" in request:
+            ranges = [KeyRange.from_json(bounds) for bounds in request["ranges"]]
+        else:
+            ranges = shard_ranges(int(request["count"]))
+        config = request.get("config") or {}
+        if not isinstance(config, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in config.items()
+        ):
+            raise InvalidRequest("config must map strings to strings")
+        return await coordinator.create_topic(name, ranges, config)
+    if op == "delete_topic":
+        await coordinator.delete_topic(name)
+        return {}
+    if op == "topic_metadata":
+        return coordinator.describe(name)
+    if op == "seal_topic":
+        return await coordinator.seal_topic(name)
+    range_id = _int(request, "range_id")
+    if op == "segment_metadata":
+        return coordinator.segment_metadata(name, range_id)
+    if op == "seal_segment":
+        await coordinator.range_log(name, range_id).seal_active()
+        return coordinator.segment_metadata(name, range_id)
+    if op == "split_range":
+        return await coordinator.split_range(name, range_id)
+    if op == "merge_ranges":
+        return await coordinator.merge_ranges(name, range_id, _int(request, "other_range_id"))
+    assert op == "offset_for_timestamp"
+    offset = await coordinator.offset_for_timestamp(name, range_id, _int(request, "timestamp_ms"))
+    return {"offset": offset}
+
+
+def _str(request: dict[str, Any], key: str) -> str:
+    value = request.get(key)
+    if not isinstance(value, str):
+        raise InvalidRequest(f"request field {key!r} must be a string")
+    return value
+
+
+def _int(request: dict[str, Any], key: str) -> int:
+    value = request.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidRequest(f"request field {key!r} must be an integer")
+    return value

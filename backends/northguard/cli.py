@@ -1,0 +1,76 @@
+"""``xinfra northguard ...``: run a broker (``broker``) from the command line.
+
+The lead mounts ``app`` as ``xinfra northguard``; ``python -m
+backends.northguard.broker`` runs the ``broker`` command alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from backends.northguard.broker.main import run_broker
+from backends.northguard.broker.server import BrokerConfig
+from xinfra.settings import get_settings
+
+DATA_DIR = Path(".xinfra/northguard")
+
+app = typer.Typer(help="Northguard: run a broker.", no_args_is_help=True)
+
+
+def _attributes(values: list[str]) -> dict[str, str]:
+    attributes: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"attribute {item!r} is not key=value")
+        attributes[key] = value
+    return attributes
+
+
+@app.command("broker")
+def broker(
+    broker_id: str = typer.Option("1", "--id", help="This broker's id in the cluster."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    port: int = typer.Option(9470, help="Client port."),
+    http_port: int = typer.Option(0, help="Health and metrics port (0: any free port, -1: none)."),
+    data_dir: Annotated[Path, typer.Option(help="Where segments and metadata live.")] = DATA_DIR,
+    attr: Annotated[
+        list[str] | None, typer.Option("--attr", help="Broker attribute key=value (repeatable).")
+    ] = None,
+    store: str = typer.Option("fps", help="Segment store: fps (durable) or memory."),
+    segment_bytes_max: int = typer.Option(0, help="Seal segments at this size (0: settings)."),
+    segment_age_s_max: float = typer.Option(0.0, help="Seal segments at this age (0: settings)."),
+    group_commit_ms: float = typer.Option(-1.0, help="Group commit window (-1: settings)."),
+    log_level: str = typer.Option("INFO", help="Logging level."),
+) -> None:
+    """Run one Northguard broker until SIGTERM or Ctrl-C."""
+    settings = get_settings()
+    config = BrokerConfig(
+        data_dir=data_dir,
+        broker_id=broker_id,
+        host=host,
+        port=port,
+        http_port=None if http_port < 0 else http_port,
+        attributes=_attributes(attr or []),
+        store=store,
+        segment_bytes_max=segment_bytes_max or settings.segment_bytes_max,
+        segment_age_s_max=segment_age_s_max or settings.segment_age_s_max,
+        group_commit_ms=settings.group_commit_ms if group_commit_ms < 0 else group_commit_ms,
+        group_commit_bytes_max=settings.group_commit_bytes_max,
+        group_commit_records_max=settings.group_commit_records_max,
+        frame_bytes_max=settings.frame_bytes_max,
+    )
+    run_broker(config, log_level)
+
+
+@app.callback()
+def _main() -> None:
+    """Northguard commands."""
+
+
+def broker_main() -> None:
+    """Entry of ``python -m backends.northguard.broker``: the ``broker`` command alone."""
+    typer.run(broker)

@@ -1,0 +1,217 @@
+"""One client connection to a broker: unary requests by correlation id, streams by stream id.
+
+A reader task (owned by the connection, cancelled by ``close``) decodes
+frames and routes them.  When the connection fails, every pending request and
+every stream is failed with ``BackendUnavailable`` naming the broker, exactly
+once; the owners reconnect if they want to.  Requests in flight are bounded
+by ``REQUESTS_INFLIGHT_MAX``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import struct
+from typing import Any, Protocol
+
+from backends.northguard import protocol
+from backends.northguard.protocol import MsgType
+from backends.northguard.runtime import Runtime
+from xinfra.errors import (
+    BackendUnavailable,
+    Backpressure,
+    ProtocolError,
+    Timeout,
+    XinfraError,
+    error_from_code,
+)
+
+log = logging.getLogger(__name__)
+
+READ_CHUNK_BYTES = 1 << 20
+REQUESTS_INFLIGHT_MAX = 256
+WRITE_BUFFER_BYTES_MAX = 8 << 20
+_STREAM_ID = struct.Struct("<I")
+
+
+class StreamHandler(Protocol):
+    def on_frame(self, kind: MsgType, body: bytes) -> None: ...
+
+    def on_failure(self, error: XinfraError) -> None: ...
+
+
+def error_of(payload: dict[str, Any]) -> XinfraError:
+    error = payload.get("error") or {}
+    return error_from_code(str(error.get("code", "internal")), str(error.get("message", "")))
+
+
+class ClientConnection:
+    def __init__(
+        self,
+        address: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        frame_bytes_max: int,
+    ) -> None:
+        self.address = address
+        self._reader = reader
+        self._writer = writer
+        self._frame_bytes_max = frame_bytes_max
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._streams: dict[int, StreamHandler] = {}
+        self._correlations = itertools.count(1)
+        self._stream_ids = itertools.count(1)
+        self.failure: XinfraError | None = None
+        self._task = asyncio.create_task(self._read_loop(), name=f"northguard-conn-{address}")
+
+    @classmethod
+    async def open(
+        cls,
+        runtime: Runtime,
+        address: str,
+        timeout_s: float,
+        frame_bytes_max: int = protocol.FRAME_BYTES_MAX,
+    ) -> ClientConnection:
+        host, _, port = address.rpartition(":")
+        try:
+            reader, writer = await runtime.network.connect(host, int(port), timeout_s)
+        except (OSError, TimeoutError) as error:
+            raise BackendUnavailable(
+                f"cannot connect to Northguard broker {address}: {error or type(error).__name__}"
+            ) from error
+        return cls(address, reader, writer, frame_bytes_max)
+
+    @property
+    def closed(self) -> bool:
+        return self.failure is not None
+
+    # -- requests --------------------------------------------------------------------------------
+
+    async def request(self, op: str, timeout_s: float, **arguments: Any) -> dict[str, Any]:
+        """Send one unary request and return its result; raise the broker's error by its code."""
+        if self.failure is not None:
+            raise self.failure
+        if len(self._pending) >= REQUESTS_INFLIGHT_MAX:
+            raise Backpressure(f"more than {REQUESTS_INFLIGHT_MAX} requests in flight")
+        correlation = next(self._correlations) & 0xFFFFFFFF
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[correlation] = future
+        try:
+            self.send(protocol.encode_json(MsgType.REQUEST, correlation, {"op": op, **arguments}))
+            payload = await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            raise Timeout(
+                f"{op} to Northguard broker {self.address} got no answer in {timeout_s:g} s"
+            ) from None
+        finally:
+            self._pending.pop(correlation, None)
+        if "error" in payload:
+            raise error_of(payload)
+        result: dict[str, Any] = payload.get("result") or {}
+        return result
+
+    # -- streams ---------------------------------------------------------------------------------
+
+    def open_stream(self, handler: StreamHandler) -> int:
+        if self.failure is not None:
+            raise self.failure
+        stream_id = next(self._stream_ids) & 0xFFFFFFFF
+        self._streams[stream_id] = handler
+        return stream_id
+
+    def forget_stream(self, stream_id: int) -> None:
+        self._streams.pop(stream_id, None)
+
+    def send(self, data: bytes) -> None:
+        if self.failure is not None:
+            raise self.failure
+        self._writer.write(data)
+
+    @property
+    def write_buffer_full(self) -> bool:
+        return self._writer.transport.get_write_buffer_size() > WRITE_BUFFER_BYTES_MAX
+
+    async def drain(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+        try:
+            await self._writer.drain()
+        except ConnectionError as error:
+            self._fail(BackendUnavailable(f"connection to {self.address} lost: {error}"))
+            raise self.failure from error  # type: ignore[misc]
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        decoder = protocol.FrameDecoder(self._frame_bytes_max)
+        failure: XinfraError
+        try:
+            while True:
+                data = await self._reader.read(READ_CHUNK_BYTES)
+                if not data:
+                    failure = BackendUnavailable(
+                        f"Northguard broker {self.address} closed the connection"
+                    )
+                    break
+                for item in decoder.feed(data):
+                    self._dispatch(item)
+        except asyncio.CancelledError:
+            failure = BackendUnavailable(f"connection to Northguard broker {self.address} closed")
+        except ProtocolError as error:
+            failure = error
+        except (OSError, asyncio.IncompleteReadError) as error:
+            failure = BackendUnavailable(
+                f"connection to Northguard broker {self.address} lost: {error}"
+            )
+        except XinfraError as error:  # a connection-level ERROR from the broker
+            failure = error
+        self._fail(failure)
+
+    def _dispatch(self, item: protocol.Frame) -> None:
+        kind = item.type
+        if kind is MsgType.RESPONSE:
+            correlation, payload = protocol.decode_json(item.body)
+            future = self._pending.get(correlation)
+            if future is not None and not future.done():
+                future.set_result(payload)
+        elif kind is MsgType.ERROR:
+            _, payload = protocol.decode_json(item.body)
+            raise error_of(payload)
+        elif kind in (
+            MsgType.ACK,
+            MsgType.PUSH,
+            MsgType.PRODUCE_OPENED,
+            MsgType.CONSUME_OPENED,
+            MsgType.STREAM_ERROR,
+        ):
+            if len(item.body) < 4:
+                raise ProtocolError(f"{kind.name} shorter than its stream id")
+            (stream_id,) = _STREAM_ID.unpack_from(item.body)
+            handler = self._streams.get(stream_id)
+            if handler is not None:
+                handler.on_frame(kind, item.body)
+        else:
+            raise ProtocolError(f"a broker does not send {kind.name} messages")
+
+    def _fail(self, failure: XinfraError) -> None:
+        if self.failure is not None:
+            return
+        self.failure = failure
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(failure)
+        streams, self._streams = self._streams, {}
+        for handler in streams.values():
+            handler.on_failure(failure)
+        with contextlib.suppress(Exception):
+            self._writer.close()
+
+    async def close(self) -> None:
+        """Close the socket and fail whatever is pending.  Idempotent."""
+        self._fail(BackendUnavailable(f"connection to Northguard broker {self.address} closed"))
+        if not self._task.done():
+            self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task

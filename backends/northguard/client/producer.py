@@ -1,0 +1,402 @@
+"""The Northguard shard producer: accumulate records per shard, encode each batch once, stream it.
+
+Per shard, records accumulate until ``batch_bytes_max`` or ``linger_ms``;
+the batch is then encoded once (``encode_batch``) and given the shard's next
+sequence number.  Batches go out on the shard's produce stream while its
+window has room; Acks resolve each ``send`` future with its offsets.
+
+**Retries keep order.**  When a stream fails with a retriable error (the
+connection dropped, the broker restarted, the range rolled its segment), its
+unacknowledged batches go back to the head of the shard's queue, in order,
+and are resent with the same sequence numbers on a new stream: the broker
+drops those it already has (within its lifetime), so order holds and
+duplicates only appear across a broker crash (at-least-once).  A batch not
+acknowledged within ``request_timeout_s`` fails with the last error (an
+``Unavailable``); a non-retriable error (``TopicNotFound``, ``Sealed``,
+``CorruptData``...) fails the shard's queued batches at once.  After any
+failure the producer takes a fresh producer id, so the broker never sees a
+gap in a producer's sequence numbers.
+
+Bounds: ``buffer_bytes_max`` payload bytes unacknowledged (``send`` raises
+``Backpressure`` past it), ``record_bytes_max`` per record, the broker's
+window per stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections import deque
+from collections.abc import Sequence
+
+from backends.northguard.batch import encode_batch
+from backends.northguard.client.admin import TopicView
+from backends.northguard.client.connection import ClientConnection
+from backends.northguard.client.produce_stream import ProduceStream
+from backends.northguard.runtime import Runtime
+from xinfra.backend import ProducerOptions, ShardProducer
+from xinfra.errors import (
+    Backpressure,
+    RecordTooLarge,
+    Timeout,
+    Unavailable,
+    XinfraError,
+)
+from xinfra.model import Record
+
+log = logging.getLogger(__name__)
+
+RETRY_BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
+"""Waits between reconnection attempts (the last one repeats until the deadline)."""
+BATCH_RECORDS_MAX = 20_000
+
+
+class _Call:
+    """One ``send``: its future resolves when every batch holding its records is acknowledged."""
+
+    __slots__ = ("batches_left", "future", "offsets", "size_bytes")
+
+    def __init__(self, future: asyncio.Future[list[int]], count: int, size_bytes: int) -> None:
+        self.future = future
+        self.offsets: list[int] = [0] * count
+        self.batches_left = 0
+        self.size_bytes = size_bytes
+
+
+class _Batch:
+    __slots__ = ("count", "data", "deadline", "parts", "seq")
+
+    def __init__(
+        self, data: bytes, count: int, parts: list[tuple[_Call, int, int]], deadline: float
+    ):
+        self.data = data
+        self.count = count
+        self.parts = parts  # (call, index of its first record in the call, records)
+        self.deadline = deadline
+        self.seq = -1
+
+
+class _Shard:
+    __slots__ = (
+        "index",
+        "parts",
+        "pending_bytes",
+        "queue",
+        "range_id",
+        "records",
+        "reopening",
+        "stream",
+        "timer",
+        "unacked",
+    )
+
+    def __init__(self, index: int, range_id: int) -> None:
+        self.index = index
+        self.range_id = range_id
+        self.records: list[Record] = []
+        self.parts: list[tuple[_Call, int, int]] = []
+        self.pending_bytes = 0
+        self.timer: asyncio.TimerHandle | None = None
+        self.queue: deque[_Batch] = deque()  # encoded, not sent on the current stream
+        self.unacked: deque[_Batch] = deque()  # sent on the current stream
+        self.stream: ProduceStream | None = None
+        self.reopening: asyncio.Task[None] | None = None
+
+
+class NorthguardProducer(ShardProducer):
+    def __init__(
+        self,
+        runtime: Runtime,
+        address: str,
+        topic: TopicView,
+        options: ProducerOptions,
+    ) -> None:
+        self._runtime = runtime
+        self._address = address
+        self._topic = topic
+        self._options = options
+        self._linger_s = options.linger_ms / 1000
+        self._loop = asyncio.get_running_loop()
+        self._shards = [_Shard(i, r.range_id) for i, r in enumerate(topic.ranges)]
+        self._connection: ClientConnection | None = None
+        self._connecting: asyncio.Future[ClientConnection] | None = None
+        self._producer_id = runtime.random.getrandbits(63)
+        self._next_seq = 0  # per producer id, shared by shards (each range sees an increasing run)
+        self._seqs: dict[int, int] = {}
+        self._buffered_bytes = 0
+        self._outstanding: set[asyncio.Future[list[int]]] = set()
+        self._closed = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- send ------------------------------------------------------------------------------------
+
+    def send(self, shard: int, records: Sequence[Record]) -> asyncio.Future[list[int]]:
+        if self._closed:
+            raise XinfraError(f"producer to {self._topic.name!r} is closed")
+        self._topic.range_of_shard(shard)
+        limit = self._options.record_bytes_max
+        size = 0
+        for record in records:
+            record_size = record.size_bytes()
+            if record_size > limit:
+                raise RecordTooLarge(
+                    f"a record of {record_size} bytes exceeds record_bytes_max={limit}; it was not sent"
+                )
+            size += record_size
+        if self._buffered_bytes and self._buffered_bytes + size > self._options.buffer_bytes_max:
+            raise Backpressure(
+                f"{self._buffered_bytes} bytes await acknowledgement (buffer_bytes_max="
+                f"{self._options.buffer_bytes_max}); wait for earlier sends"
+            )
+        future: asyncio.Future[list[int]] = self._loop.create_future()
+        if not records:
+            future.set_result([])
+            return future
+        call = _Call(future, len(records), size)
+        self._buffered_bytes += size
+        self._outstanding.add(future)
+        future.add_done_callback(self._outstanding.discard)
+        state = self._shards[shard]
+        batch_bytes_max = self._options.batch_bytes_max
+        start = 0
+        count = len(records)
+        while start < count:
+            room = batch_bytes_max - state.pending_bytes
+            end = count
+            if size > room or len(state.records) + count - start > BATCH_RECORDS_MAX:
+                # Split the call where the batch fills (rare: a call larger than a batch).
+                taken = 0
+                end = start
+                while end < count and (end == start or taken + records[end].size_bytes() <= room):
+                    taken += records[end].size_bytes()
+                    end += 1
+                    if len(state.records) + end - start >= BATCH_RECORDS_MAX:
+                        break
+                part_bytes = taken
+            else:
+                part_bytes = size
+            state.records.extend(records[start:end])
+            state.parts.append((call, start, end - start))
+            call.batches_left += 1
+            state.pending_bytes += part_bytes
+            size -= part_bytes
+            start = end
+            if state.pending_bytes >= batch_bytes_max or len(state.records) >= BATCH_RECORDS_MAX:
+                self._seal(state)
+        if state.records and state.timer is None:
+            if self._linger_s <= 0:
+                self._seal(state)
+            else:
+                state.timer = self._loop.call_later(self._linger_s, self._seal, state)
+        return future
+
+    def _seal(self, state: _Shard) -> None:
+        """Encode the shard's accumulated records as one batch and queue it."""
+        if state.timer is not None:
+            state.timer.cancel()
+            state.timer = None
+        if not state.records:
+            return
+        data = encode_batch(state.records, self._runtime.wall_ms())
+        batch = _Batch(
+            data,
+            len(state.records),
+            state.parts,
+            self._runtime.monotonic_s() + self._options.request_timeout_s,
+        )
+        state.records = []
+        state.parts = []
+        state.pending_bytes = 0
+        batch.seq = self._take_seq(state.range_id)
+        state.queue.append(batch)
+        self._pump(state)
+
+    def _take_seq(self, range_id: int) -> int:
+        seq = self._seqs.get(range_id, 0)
+        self._seqs[range_id] = seq + 1
+        return seq
+
+    # -- streaming -------------------------------------------------------------------------------
+
+    def _pump(self, state: _Shard) -> None:
+        stream = state.stream
+        if stream is None or stream.failure is not None:
+            self._reopen(state)
+            return
+        queue = state.queue
+        try:
+            while queue and stream.has_room(len(queue[0].data)):
+                batch = queue.popleft()
+                state.unacked.append(batch)
+                stream.append(batch.seq, batch.data)
+        except XinfraError as error:
+            self._on_stream_failure(state, stream, error)
+
+    def _reopen(self, state: _Shard) -> None:
+        if state.reopening is None and not self._closed_for_good(state):
+            task = self._loop.create_task(self._open_stream(state))
+            state.reopening = task
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _closed_for_good(self, state: _Shard) -> bool:
+        return not state.queue and not state.unacked
+
+    async def _open_stream(self, state: _Shard) -> None:
+        attempt = 0
+        last: XinfraError | None = None
+        try:
+            while state.queue:
+                now = self._runtime.monotonic_s()
+                if state.queue[0].deadline <= now:
+                    failure = last if isinstance(last, Unavailable) else None
+                    self._fail_shard(
+                        state,
+                        failure
+                        or Timeout(
+                            f"not acknowledged in {self._options.request_timeout_s:g} s by "
+                            f"Northguard broker {self._address}"
+                        ),
+                    )
+                    return
+                try:
+                    connection = await self._connect()
+                    stream = ProduceStream(
+                        connection,
+                        self._topic.name,
+                        state.range_id,
+                        self._producer_id,
+                        functools.partial(self._on_acks, state),
+                        functools.partial(self._on_failure_cb, state),
+                    )
+                    state.stream = stream
+                    await asyncio.wait_for(
+                        asyncio.shield(stream.opened), max(0.1, state.queue[0].deadline - now)
+                    )
+                    state.reopening = None
+                    self._pump(state)
+                    return
+                except TimeoutError:
+                    last = Timeout(f"Northguard broker {self._address} did not open a stream")
+                except XinfraError as error:
+                    if not error.retriable:
+                        self._fail_shard(state, error)
+                        return
+                    last = error
+                await self._runtime.sleep(RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)])
+                attempt += 1
+        finally:
+            if state.reopening is asyncio.current_task():
+                state.reopening = None
+
+    async def _connect(self) -> ClientConnection:
+        if self._connection is not None and not self._connection.closed:
+            return self._connection
+        if self._connecting is None:
+            self._connecting = asyncio.ensure_future(
+                ClientConnection.open(self._runtime, self._address, self._options.request_timeout_s)
+            )
+        try:
+            self._connection = await asyncio.shield(self._connecting)
+        finally:
+            if self._connecting is not None and self._connecting.done():
+                self._connecting = None
+        return self._connection
+
+    def _on_acks(self, state: _Shard, first_seq: int, offsets: tuple[int, ...]) -> None:
+        unacked = state.unacked
+        for position, base_offset in enumerate(offsets):
+            seq = first_seq + position
+            if not unacked or unacked[0].seq != seq:
+                log.warning(
+                    "shard %d: ack for sequence %d does not match the oldest send", state.index, seq
+                )
+                continue
+            batch = unacked.popleft()
+            index = base_offset
+            for call, start, count in batch.parts:
+                offsets_of_call = call.offsets
+                for i in range(count):
+                    offsets_of_call[start + i] = index + i
+                index += count
+                call.batches_left -= 1
+                if call.batches_left == 0:
+                    self._buffered_bytes -= call.size_bytes
+                    if not call.future.done():
+                        call.future.set_result(call.offsets)
+        if state.queue:
+            self._pump(state)
+
+    def _on_failure_cb(self, state: _Shard, error: XinfraError) -> None:
+        stream = state.stream
+        if stream is not None:
+            self._on_stream_failure(state, stream, error)
+
+    def _on_stream_failure(self, state: _Shard, stream: ProduceStream, error: XinfraError) -> None:
+        if state.stream is not stream:
+            return
+        state.stream = None
+        stream.close()
+        if error.retriable:
+            state.queue.extendleft(reversed(state.unacked))
+            state.unacked.clear()
+            if state.queue:
+                log.info(
+                    "shard %d: stream failed (%s); resending on a new stream", state.index, error
+                )
+                self._reopen(state)
+        else:
+            self._fail_shard(state, error)
+
+    def _fail_shard(self, state: _Shard, error: XinfraError) -> None:
+        batches = [*state.unacked, *state.queue]
+        state.unacked.clear()
+        state.queue.clear()
+        if state.stream is not None:
+            state.stream.close()
+            state.stream = None
+        for batch in batches:
+            for call, _, _ in batch.parts:
+                if not call.future.done():
+                    self._buffered_bytes -= call.size_bytes
+                    call.future.set_exception(error)
+        # A fresh identity: the broker must never see a gap in a producer's sequence numbers.
+        self._producer_id = self._runtime.random.getrandbits(63)
+        self._seqs.clear()
+        for other in self._shards:
+            for batch in (*other.unacked, *other.queue):
+                batch.seq = self._take_seq(other.range_id)
+            if other.stream is not None and other is not state:
+                other.stream.close()
+                other.stream = None
+                other.queue.extendleft(reversed(other.unacked))
+                other.unacked.clear()
+                if other.queue:
+                    self._reopen(other)
+
+    # -- flush and close -------------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        for state in self._shards:
+            self._seal(state)
+        pending = list(self._outstanding)
+        if pending:
+            await asyncio.wait(pending)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        with contextlib.suppress(Exception):
+            await self.flush()
+        self._closed = True
+        for state in self._shards:
+            if state.stream is not None:
+                with contextlib.suppress(Exception):
+                    state.stream.close()
+                state.stream = None
+        for task in list(self._tasks):
+            task.cancel()
+        if self._connection is not None:
+            await self._connection.close()

@@ -1,0 +1,271 @@
+"""The Northguard wire protocol: length-prefixed frames, unary requests and sessionized streams.
+
+Frame::
+
+    length u32 (bytes after this field) | version u8 | type u8 | body
+
+``FrameDecoder`` is sans-IO: it is fed whatever the socket gave and returns
+whole frames.  It rejects a frame whose announced length exceeds the limit
+*before* buffering its body, and a wrong version as soon as the version byte
+arrives; both raise ``ProtocolError`` (the connection is then closed).
+
+Control messages (requests, responses, stream opens, errors) carry a small
+JSON object: they are rare, and JSON keeps them readable and extensible.
+Data messages (Append, Ack, Push, Read) are fixed binary headers followed by
+record batches as opaque bytes, so the hot path is one ``struct`` call per
+frame.
+
+Streams (ids chosen by the client, unique per connection):
+
+* Produce: ``PRODUCE_OPEN`` -> ``PRODUCE_OPENED`` {window_bytes}; then
+  ``APPEND`` (stream, seq, batch) while unacknowledged bytes stay under the
+  window; the broker answers with ``ACK`` (stream, first_seq, base offsets
+  of consecutive appends, window) only for committed appends: M Acks for N
+  Appends.
+* Consume: ``CONSUME_OPEN`` {offset, window_bytes} -> ``CONSUME_OPENED``;
+  the broker ``PUSH``es entries (base offset + batch) while pushed minus
+  consumed bytes stay under the window; the client sends ``READ`` (stream,
+  consumed bytes so far, window) to move it.
+* Either side ends a stream with ``STREAM_CLOSE``; the broker reports a
+  stream's failure with ``STREAM_ERROR`` {code, message}, which also ends it.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from xinfra.errors import ProtocolError, UnsupportedVersion, XinfraError
+
+PROTOCOL_VERSION = 1
+FRAME_BYTES_MAX = 16 << 20
+"""Default largest frame body; a larger announced length closes the connection."""
+_PREFIX = struct.Struct("<IBB")
+PREFIX_BYTES = _PREFIX.size
+_U32 = struct.Struct("<I")
+_APPEND = struct.Struct("<IQ")
+_ACK = struct.Struct("<IQII")
+_PUSH = struct.Struct("<IH")
+_ENTRY = struct.Struct("<QI")
+_READ = struct.Struct("<IQI")
+PUSH_ENTRIES_MAX = 65535
+JSON_BYTES_MAX = 1 << 20
+CONSUME_WINDOW_BYTES_MAX = 64 << 20
+"""The largest consume window a broker accepts (client-owned, in bytes)."""
+
+
+class MsgType(enum.IntEnum):
+    REQUEST = 1
+    RESPONSE = 2
+    PRODUCE_OPEN = 3
+    PRODUCE_OPENED = 4
+    APPEND = 5
+    ACK = 6
+    CONSUME_OPEN = 7
+    CONSUME_OPENED = 8
+    PUSH = 9
+    READ = 10
+    STREAM_CLOSE = 11
+    STREAM_ERROR = 12
+    ERROR = 13
+
+
+_TYPES = frozenset(int(t) for t in MsgType)
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    type: MsgType
+    body: bytes
+
+
+class FrameDecoder:
+    """Incremental frame parser with a hard bound on buffered bytes (one frame plus one read)."""
+
+    def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX) -> None:
+        self.frame_bytes_max = frame_bytes_max
+        self._buffer = bytearray()
+        self._start = 0
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Frames completed by ``data``; raises ``ProtocolError`` on the first bad frame."""
+        buffer = self._buffer
+        buffer += data
+        frames: list[Frame] = []
+        start = self._start
+        end = len(buffer)
+        while end - start >= PREFIX_BYTES:
+            length, version, kind = _PREFIX.unpack_from(buffer, start)
+            if length > self.frame_bytes_max + 2:
+                raise ProtocolError(
+                    f"frame of {length} bytes exceeds the limit of {self.frame_bytes_max}"
+                )
+            if length < 2:
+                raise ProtocolError(f"frame length {length} is shorter than its header")
+            if version != PROTOCOL_VERSION:
+                raise UnsupportedVersion(
+                    f"protocol version {version} is not supported; this peer speaks {PROTOCOL_VERSION}"
+                )
+            if kind not in _TYPES:
+                raise ProtocolError(f"unknown message type {kind}")
+            if end - start < 4 + length:
+                break
+            frames.append(
+                Frame(MsgType(kind), bytes(buffer[start + PREFIX_BYTES : start + 4 + length]))
+            )
+            start += 4 + length
+        if start == end:
+            buffer.clear()
+            start = 0
+        elif start > 1 << 16:
+            del buffer[:start]
+            start = 0
+        self._start = start
+        return frames
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buffer) - self._start
+
+
+def frame(kind: MsgType, *parts: bytes) -> bytes:
+    """One encoded frame of ``kind`` whose body is the concatenation of ``parts``."""
+    length = 2 + sum(len(part) for part in parts)
+    return b"".join((_PREFIX.pack(length, PROTOCOL_VERSION, kind), *parts))
+
+
+# -- control messages (JSON) ------------------------------------------------------------------
+
+
+def encode_json(kind: MsgType, ident: int, payload: dict[str, Any]) -> bytes:
+    """A control frame: ``ident`` (correlation or stream id) then a JSON object."""
+    return frame(kind, _U32.pack(ident), json.dumps(payload, separators=(",", ":")).encode())
+
+
+def decode_json(body: bytes) -> tuple[int, dict[str, Any]]:
+    if len(body) < 4:
+        raise ProtocolError("control message shorter than its id")
+    if len(body) - 4 > JSON_BYTES_MAX:
+        raise ProtocolError(f"control message exceeds {JSON_BYTES_MAX} bytes")
+    (ident,) = _U32.unpack_from(body)
+    try:
+        payload = json.loads(body[4:])
+    except (ValueError, RecursionError) as error:
+        raise ProtocolError(f"control message is not JSON: {error}") from error
+    if not isinstance(payload, dict):
+        raise ProtocolError("control message is not a JSON object")
+    return ident, payload
+
+
+def error_payload(error: XinfraError) -> dict[str, Any]:
+    return {"error": {"code": error.code, "message": error.message}}
+
+
+def encode_error(error: XinfraError) -> bytes:
+    """A connection-level error, sent just before the broker closes the connection."""
+    return encode_json(MsgType.ERROR, 0, error_payload(error))
+
+
+# -- data messages (binary) -------------------------------------------------------------------
+
+
+def encode_append(stream_id: int, seq: int, batch: bytes) -> bytes:
+    return frame(MsgType.APPEND, _APPEND.pack(stream_id, seq), batch)
+
+
+def decode_append(body: bytes) -> tuple[int, int, memoryview]:
+    if len(body) < _APPEND.size:
+        raise ProtocolError("Append shorter than its header")
+    stream_id, seq = _APPEND.unpack_from(body)
+    return stream_id, seq, memoryview(body)[_APPEND.size :]
+
+
+def encode_ack(stream_id: int, first_seq: int, base_offsets: list[int], window_bytes: int) -> bytes:
+    count = len(base_offsets)
+    return frame(
+        MsgType.ACK,
+        _ACK.pack(stream_id, first_seq, count, window_bytes),
+        struct.pack(f"<{count}Q", *base_offsets),
+    )
+
+
+def decode_ack(body: bytes) -> tuple[int, int, tuple[int, ...], int]:
+    if len(body) < _ACK.size:
+        raise ProtocolError("Ack shorter than its header")
+    stream_id, first_seq, count, window_bytes = _ACK.unpack_from(body)
+    if len(body) != _ACK.size + 8 * count:
+        raise ProtocolError(
+            f"Ack announces {count} offsets but carries {len(body) - _ACK.size} bytes"
+        )
+    return stream_id, first_seq, struct.unpack_from(f"<{count}Q", body, _ACK.size), window_bytes
+
+
+def encode_push(stream_id: int, entries: list[tuple[int, bytes]]) -> bytes:
+    """A Push of whole stored entries: (base offset, batch bytes) each, in offset order."""
+    assert 0 < len(entries) <= PUSH_ENTRIES_MAX
+    parts: list[bytes] = [_PUSH.pack(stream_id, len(entries))]
+    for base_offset, batch in entries:
+        parts.append(_ENTRY.pack(base_offset, len(batch)))
+        parts.append(batch)
+    return frame(MsgType.PUSH, *parts)
+
+
+def decode_push(body: bytes) -> tuple[int, list[tuple[int, bytes]]]:
+    if len(body) < _PUSH.size:
+        raise ProtocolError("Push shorter than its header")
+    stream_id, count = _PUSH.unpack_from(body)
+    entries: list[tuple[int, bytes]] = []
+    position = _PUSH.size
+    for _ in range(count):
+        if len(body) - position < _ENTRY.size:
+            raise ProtocolError("Push entry header truncated")
+        base_offset, length = _ENTRY.unpack_from(body, position)
+        position += _ENTRY.size
+        if len(body) - position < length:
+            raise ProtocolError("Push entry truncated")
+        entries.append((base_offset, body[position : position + length]))
+        position += length
+    if position != len(body):
+        raise ProtocolError("Push has bytes past its last entry")
+    return stream_id, entries
+
+
+def encode_read(stream_id: int, consumed_bytes: int, window_bytes: int) -> bytes:
+    return frame(MsgType.READ, _READ.pack(stream_id, consumed_bytes, window_bytes))
+
+
+def decode_read(body: bytes) -> tuple[int, int, int]:
+    if len(body) != _READ.size:
+        raise ProtocolError(f"Read has {len(body)} bytes, not {_READ.size}")
+    stream_id, consumed, window = _READ.unpack_from(body)
+    return stream_id, consumed, window
+
+
+def encode_stream_close(stream_id: int) -> bytes:
+    return frame(MsgType.STREAM_CLOSE, _U32.pack(stream_id))
+
+
+def decode_stream_close(body: bytes) -> int:
+    if len(body) != 4:
+        raise ProtocolError("StreamClose is not 4 bytes")
+    (stream_id,) = _U32.unpack_from(body)
+    return int(stream_id)
+
+
+def decode_message(item: Frame) -> object:
+    """Decode any frame's body by its type (what the fuzz test drives); ``ProtocolError`` if bad."""
+    kind = item.type
+    if kind is MsgType.APPEND:
+        return decode_append(item.body)
+    if kind is MsgType.ACK:
+        return decode_ack(item.body)
+    if kind is MsgType.PUSH:
+        return decode_push(item.body)
+    if kind is MsgType.READ:
+        return decode_read(item.body)
+    if kind is MsgType.STREAM_CLOSE:
+        return decode_stream_close(item.body)
+    return decode_json(item.body)
