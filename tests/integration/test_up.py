@@ -70,6 +70,7 @@ def test_up_starts_everything_and_sigterm_leaves_nothing(tmp_path: Path) -> None
             assert Path(component["log"]).is_file()
         if "metadata-service" in components:
             assert "kafka-local" in ready["clusters"]
+            assert ("northguard-local" in ready["clusters"]) == ("northguard-0" in components)
             registered = httpx.get(
                 f"{env['XINFRA_METADATA_URL']}/v1/clusters",
                 headers={
