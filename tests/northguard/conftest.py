@@ -1,0 +1,46 @@
+"""Fixtures of the Northguard tests: a real broker process for the session, private ones per test."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from ng_harness import backend_for
+
+from backends.northguard.backend import NorthguardBackend
+from backends.northguard.launcher import NorthguardProcess, start_northguard_broker
+
+
+@pytest.fixture(scope="session")
+def northguard_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NorthguardProcess]:
+    """One broker process (fps store) on a free port for the whole session."""
+    process = start_northguard_broker(tmp_path_factory.mktemp("ng-session") / "data")
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def ng_address(northguard_process: NorthguardProcess) -> str:
+    return northguard_process.url
+
+
+@pytest.fixture
+async def ng_backend(ng_address: str) -> AsyncIterator[NorthguardBackend]:
+    backend = backend_for(ng_address)
+    yield backend
+    await backend.close()
+
+
+@pytest.fixture
+def private_broker(tmp_path: Path) -> Iterator[NorthguardProcess]:
+    """A broker process of this test alone (it may kill, corrupt or restart it)."""
+    process = start_northguard_broker(tmp_path / "data")
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def topic_name() -> str:
+    return f"ng-{uuid.uuid4().hex[:12]}"

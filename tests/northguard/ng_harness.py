@@ -1,0 +1,88 @@
+"""Helpers of the Northguard tests, in a module of their own name (``conftest`` is ambiguous on sys.path)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from backends.northguard import protocol
+from backends.northguard.backend import NorthguardBackend
+from backends.northguard.broker.server import Broker, BrokerConfig
+from backends.northguard.protocol import Frame, MsgType
+from xinfra.backend import ShardReader
+from xinfra.model import ClusterKind, ConsumedRecord, PhysicalCluster
+
+WAIT_S = 30.0
+"""Deadline of every wait on a condition; generous, as the machine is shared."""
+
+
+def backend_for(address: str, **attributes: str) -> NorthguardBackend:
+    return NorthguardBackend(
+        PhysicalCluster(
+            name="ng-test", kind=ClusterKind.NORTHGUARD, bootstrap=address, attributes=attributes
+        )
+    )
+
+
+async def in_process_broker(data_dir: Path, **overrides: Any) -> Broker:
+    broker = Broker(BrokerConfig(data_dir=data_dir, port=0, http_port=0, **overrides))
+    await broker.start()
+    return broker
+
+
+async def wait_for(
+    condition: Callable[[], Awaitable[bool]], what: str, timeout_s: float = WAIT_S
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def read_until(
+    reader: ShardReader, count: int, timeout_s: float = WAIT_S
+) -> list[ConsumedRecord]:
+    records: list[ConsumedRecord] = []
+    deadline = time.monotonic() + timeout_s
+    while len(records) < count:
+        assert time.monotonic() < deadline, f"only {len(records)} of {count} records arrived"
+        records += await reader.poll(max_records=count - len(records), timeout_s=0.5)
+    return records
+
+
+class RawClient:
+    """A blocking socket speaking raw frames: for malformed input and protocol-level checks."""
+
+    def __init__(self, address: str, timeout_s: float = WAIT_S) -> None:
+        host, _, port = address.rpartition(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+        self.decoder = protocol.FrameDecoder()
+        self.frames: list[Frame] = []
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def receive(self) -> Frame | None:
+        """The next frame, or None when the broker closed the connection."""
+        while not self.frames:
+            try:
+                data = self.sock.recv(1 << 16)
+            except ConnectionResetError:
+                return None
+            if not data:
+                return None
+            self.frames += self.decoder.feed(data)
+        return self.frames.pop(0)
+
+    def request(self, op: str, **arguments: Any) -> dict[str, Any]:
+        self.send(protocol.encode_json(MsgType.REQUEST, 7, {"op": op, **arguments}))
+        item = self.receive()
+        assert item is not None and item.type is MsgType.RESPONSE, item
+        return protocol.decode_json(item.body)[1]
+
+    def close(self) -> None:
+        self.sock.close()

@@ -1,0 +1,259 @@
+"""The broker in-process with its real fps store: recovery, segments, sealing, retention, split/merge, streams."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from ng_harness import backend_for, in_process_broker, read_until, wait_for
+
+from backends.northguard import protocol
+from backends.northguard.batch import encode_batch
+from backends.northguard.client.admin import AdminClient
+from backends.northguard.client.connection import ClientConnection
+from backends.northguard.client.produce_stream import ProduceStream
+from backends.northguard.protocol import MsgType
+from backends.northguard.runtime import RealRuntime
+from backends.northguard.store import FpsStore
+from xinfra.backend import ProducerOptions
+from xinfra.errors import InvalidRequest, OffsetOutOfRange, Sealed, XinfraError
+from xinfra.keyspace import shard_ranges
+from xinfra.model import Record
+
+
+def records(count: int, start: int = 0, size: int = 10) -> list[Record]:
+    return [
+        Record(value=str(i).encode().ljust(size, b"."), key=b"k%d" % i)
+        for i in range(start, start + count)
+    ]
+
+
+async def test_the_broker_uses_the_fps_store_and_recovers_everything_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    broker = await in_process_broker(tmp_path, segment_bytes_max=2000)
+    assert isinstance(broker.store, FpsStore)
+    backend = backend_for(f"127.0.0.1:{broker.port}")
+    await backend.create_topic("t", shard_ranges(3), {"retention.ms": "3600000"})
+    producer = backend.producer("t", ProducerOptions(linger_ms=0))
+    offsets = []
+    for i in range(20):
+        offsets += await producer.send(1, records(10, 10 * i))
+    await producer.close()
+    admin = AdminClient(RealRuntime(), f"127.0.0.1:{broker.port}", 10)
+    view = await admin.topic("t")
+    segments_before = await admin.segment_metadata("t", view.ranges[1].range_id)
+    assert len(segments_before["segments"]) > 3  # sealed at the size limit along the way
+    await admin.close()
+    await backend.close()
+    await broker.stop()
+
+    broker = await in_process_broker(tmp_path, segment_bytes_max=2000)
+    backend = backend_for(f"127.0.0.1:{broker.port}")
+    info = await backend.describe_topic("t")
+    assert info.shards == shard_ranges(3) and info.config == {"retention.ms": "3600000"}
+    reader = backend.reader("t")
+    assert await reader.end_offsets() == {0: 0, 1: 200, 2: 0}
+    reader.assign({1: 0})
+    got = await read_until(reader, 200)
+    assert [r.offset for r in got] == offsets == list(range(200))
+    assert [r.value for r in got] == [r.value for r in records(200)]
+    admin = AdminClient(RealRuntime(), f"127.0.0.1:{broker.port}", 10)
+    after = await admin.segment_metadata("t", view.ranges[1].range_id)
+    assert [s["segment_id"] for s in after["segments"]] == [
+        s["segment_id"] for s in segments_before["segments"]
+    ]
+    assert all(s["state"] == "sealed" for s in after["segments"])  # recovery sealed the active one
+    producer = backend.producer("t", ProducerOptions(linger_ms=0))
+    assert await producer.send(1, records(1)) == [200]  # appends continue on a new segment
+    await producer.close()
+    await reader.close()
+    await admin.close()
+    await backend.close()
+    await broker.stop()
+
+
+async def test_seal_on_demand_and_sealed_topics_refuse_appends(tmp_path: Path) -> None:
+    broker = await in_process_broker(tmp_path)
+    address = f"127.0.0.1:{broker.port}"
+    backend = backend_for(address)
+    admin = AdminClient(RealRuntime(), address, 10)
+    await backend.create_topic("t", shard_ranges(1))
+    producer = backend.producer("t", ProducerOptions(linger_ms=0))
+    assert await producer.send(0, records(5)) == [0, 1, 2, 3, 4]
+    view = await admin.topic("t")
+    sealed = await admin.seal_segment("t", view.ranges[0].range_id)
+    assert [s["state"] for s in sealed["segments"]] == ["sealed"]
+    assert await producer.send(0, records(5)) == [5, 6, 7, 8, 9]  # a new segment, same offsets on
+    view = await admin.seal_topic("t")
+    assert view.sealed and view.ranges[0].sealed and view.ranges[0].end_offset == 10
+    with pytest.raises(Sealed):
+        await asyncio.wait_for(producer.send(0, records(1)), 10)
+    assert (await backend.describe_topic("t")).sealed
+    reader = backend.reader("t")
+    reader.assign({0: 0})
+    assert len(await read_until(reader, 10)) == 10
+    await reader.close()
+    await producer.close()
+    await admin.close()
+    await backend.close()
+    await broker.stop()
+
+
+async def test_retention_deletes_whole_sealed_segments_only(tmp_path: Path) -> None:
+    broker = await in_process_broker(tmp_path, maintenance_s=0.05)
+    address = f"127.0.0.1:{broker.port}"
+    backend = backend_for(address)
+    admin = AdminClient(RealRuntime(), address, 10)
+    await backend.create_topic("t", shard_ranges(1), {"retention.ms": "1"})
+    producer = backend.producer("t", ProducerOptions(linger_ms=0))
+    await producer.send(0, records(5))
+    range_id = (await admin.topic("t")).ranges[0].range_id
+    await admin.seal_segment("t", range_id)
+    await producer.send(0, records(3, 5))
+
+    async def retained() -> bool:
+        return (await admin.topic("t")).ranges[0].start_offset == 5
+
+    await wait_for(retained, "retention of the sealed segment")
+    meta = await admin.segment_metadata("t", range_id)
+    assert [(s["start_offset"], s["state"]) for s in meta["segments"]] == [(5, "active")]
+    reader = backend.reader("t")
+    assert await reader.start_offsets() == {0: 5}
+    reader.assign({0: 0})
+    with pytest.raises(OffsetOutOfRange):
+        await reader.poll(timeout_s=1)
+    reader.assign({0: 5})
+    assert [r.offset for r in await read_until(reader, 3)] == [5, 6, 7]
+    await reader.close()
+    await producer.close()
+    await admin.close()
+    await backend.close()
+    await broker.stop()
+
+
+async def test_split_and_merge_follow_the_buddy_rule_and_survive_a_restart(tmp_path: Path) -> None:
+    broker = await in_process_broker(tmp_path)
+    address = f"127.0.0.1:{broker.port}"
+    admin = AdminClient(RealRuntime(), address, 10)
+    view = await admin.create_topic("t", shard_ranges(2))
+    first, second = view.ranges
+    with pytest.raises(InvalidRequest, match="buddies|adjacent"):
+        split = await admin.split_range("t", first.range_id)
+        low, high = split.ranges[0], split.ranges[1]
+        await admin.merge_ranges("t", high.range_id, second.range_id)
+    split = await admin.topic("t")
+    assert [r.key_range for r in split.ranges] == [*first.key_range.split(), second.key_range]
+    low, high = split.ranges[0], split.ranges[1]
+    merged = await admin.merge_ranges("t", low.range_id, high.range_id)
+    assert [r.key_range for r in merged.ranges] == [first.key_range, second.key_range]
+    assert merged.ranges[0].range_id not in (first.range_id, low.range_id, high.range_id)
+    await admin.close()
+    await broker.stop()
+    broker = await in_process_broker(tmp_path)
+    admin = AdminClient(RealRuntime(), f"127.0.0.1:{broker.port}", 10)
+    assert await admin.topic("t") == merged
+    await admin.close()
+    await broker.stop()
+
+
+async def test_a_resent_append_gets_its_original_offset_and_acks_are_coalesced(
+    tmp_path: Path,
+) -> None:
+    broker = await in_process_broker(tmp_path)
+    address = f"127.0.0.1:{broker.port}"
+    admin = AdminClient(RealRuntime(), address, 10)
+    range_id = (await admin.create_topic("t", shard_ranges(1))).ranges[0].range_id
+    connection = await ClientConnection.open(RealRuntime(), address, 10)
+    acks: list[tuple[int, tuple[int, ...]]] = []
+    errors: list[XinfraError] = []
+
+    def open_stream() -> ProduceStream:
+        return ProduceStream(
+            connection, "t", range_id, 42, lambda f, o: acks.append((f, o)), errors.append
+        )
+
+    stream = open_stream()
+    await stream.opened
+    batch = encode_batch(records(2), 0)
+    for seq in range(50):
+        stream.append(seq, batch)
+
+    async def all_acked() -> bool:
+        return sum(len(o) for _, o in acks) == 50
+
+    await wait_for(all_acked, "50 acks")
+    assert len(acks) < 50  # M acks for N appends
+    offsets = [offset for _, chunk in acks for offset in chunk]
+    assert offsets == list(range(0, 100, 2))
+    acks.clear()
+    again = open_stream()  # a "reconnection": resend the last ten with the same sequence numbers
+    await again.opened
+    for seq in range(40, 51):
+        again.append(seq, batch)
+
+    async def resent_acked() -> bool:
+        return sum(len(o) for _, o in acks) == 11
+
+    await wait_for(resent_acked, "acks of the resent appends")
+    assert [offset for _, chunk in acks for offset in chunk] == [*range(80, 100, 2), 100]
+    assert (await admin.topic("t")).ranges[0].end_offset == 102  # nothing stored twice
+    assert not errors
+    await connection.close()
+    await admin.close()
+    await broker.stop()
+
+
+async def test_stream_errors_fail_one_stream_and_keep_the_connection(tmp_path: Path) -> None:
+    broker = await in_process_broker(tmp_path)
+    address = f"127.0.0.1:{broker.port}"
+    connection = await ClientConnection.open(RealRuntime(), address, 10)
+    await connection.request("create_topic", 10, name="t", count=1)
+    range_id = (await connection.request("topic_metadata", 10, name="t"))["ranges"][0]["range_id"]
+    failures: list[XinfraError] = []
+    bad = ProduceStream(connection, "nope", range_id, 1, lambda f, o: None, failures.append)
+    with pytest.raises(XinfraError, match="nope"):
+        await bad.opened
+    zero: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+    class Catch:
+        def on_frame(self, kind: MsgType, body: bytes) -> None:
+            zero.set_result(body)
+
+        def on_failure(self, error: XinfraError) -> None:
+            pass
+
+    stream_id = connection.open_stream(Catch())
+    connection.send(
+        protocol.encode_json(
+            MsgType.CONSUME_OPEN,
+            stream_id,
+            {"topic": "t", "range_id": range_id, "offset": 0, "window_bytes": 0},
+        )
+    )
+    _, payload = protocol.decode_json(await asyncio.wait_for(zero, 10))
+    assert payload["error"]["code"] == "invalid_request" and "window" in payload["error"]["message"]
+    assert (await connection.request("ping", 10))["broker_id"] == "1"
+    await connection.close()
+    await broker.stop()
+
+
+async def test_the_metadata_journal_compacts_into_a_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("backends.northguard.broker.coordinator.JOURNAL_OPS_MAX", 5)
+    broker = await in_process_broker(tmp_path)
+    admin = AdminClient(RealRuntime(), f"127.0.0.1:{broker.port}", 10)
+    for i in range(12):
+        await admin.create_topic(f"t{i}", shard_ranges(1 + i % 3))
+    await admin.delete_topic("t3")
+    await admin.close()
+    await broker.stop()
+    assert (tmp_path / "meta" / "snapshot").exists()
+    broker = await in_process_broker(tmp_path)
+    admin = AdminClient(RealRuntime(), f"127.0.0.1:{broker.port}", 10)
+    assert sorted(await admin.list_topics()) == sorted(f"t{i}" for i in range(12) if i != 3)
+    assert len((await admin.topic("t11")).ranges) == 3
+    await admin.close()
+    await broker.stop()
