@@ -139,7 +139,7 @@ async def test_split_and_merge_follow_the_buddy_rule_and_survive_a_restart(tmp_p
     admin = AdminClient(RealRuntime(), address, 10)
     view = await admin.create_topic("t", shard_ranges(2))
     first, second = view.ranges
-    with pytest.raises(InvalidRequest, match="buddies|adjacent"):
+    with pytest.raises(InvalidRequest, match=r"buddies|adjacent"):
         split = await admin.split_range("t", first.range_id)
         low, high = split.ranges[0], split.ranges[1]
         await admin.merge_ranges("t", high.range_id, second.range_id)
