@@ -1,13 +1,16 @@
-"""The shape every benchmark prints as its last line (DESIGN.md §9), in one place.
+"""The shape every benchmark prints as its last line (DESIGN.md §9), and how a timed block runs.
 
 {"bench": NAME, "machine": {...}, "figures": {NAME: number}, "targets": {NAME: {value, target, op, met}}}
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import platform
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,3 +54,21 @@ def emit(
         ),
         flush=True,
     )
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Move every object alive now out of the collector's reach for the timed block.
+
+    A bench holds its inputs (hundreds of thousands of prepared records) for
+    the whole run; without this, each full collection during a timed loop
+    rescans them, and which loop pays for it depends on where the collector's
+    thresholds fall.  Objects the timed code allocates are still collected as
+    usual, so a path that makes more garbage still pays for it.
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

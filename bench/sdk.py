@@ -20,6 +20,13 @@ For each backend, on a topic of ``SHARDS`` shards, ``records`` records of a
   ``XinfraConsumer`` assigned the virtual topic, each reading the same physical
   topic (the one the SDK wrote) from the start until every record is back.
 
+Each round runs every loop once on fresh topics; ``--quick`` and full runs
+both do three rounds.  Rates are medians over rounds, ratios the median of the
+per-round paired ratios (a shared 2-core machine is noisy).  Each timed loop
+runs under ``frozen_heap`` (bench/report.py): the records the bench prepared
+are kept out of the collector's full scans, while garbage the timed code makes
+is collected as usual.
+
 Targets: SDK / bare >= 0.8 for produce and consume on every backend run.
 
     .venv/bin/python bench/sdk.py --quick
@@ -30,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import statistics
 import sys
 import tempfile
 import threading
@@ -43,11 +51,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import uvicorn  # noqa: E402
-from report import emit, target  # noqa: E402  (bench/report.py: the shape every bench prints)
+from report import emit, frozen_heap, target  # noqa: E402  (bench/report.py: the shape every bench prints)
 
 from clients import XinfraConsumerOptions, open_consumer, open_producer  # noqa: E402
 from metadata_service import ServiceConfig, create_app  # noqa: E402
-from xinfra.backend import Backend, open_backend  # noqa: E402
+from xinfra.backend import Backend, ShardProducer, open_backend  # noqa: E402
 from xinfra.keyspace import shard_of_key, shard_ranges  # noqa: E402
 from xinfra.model import ClusterKind, PhysicalCluster, Record  # noqa: E402
 from xinfra.rest import MetadataClient  # noqa: E402
@@ -130,6 +138,11 @@ async def bare_produce(backend: Backend, topic: str, records: list[tuple[bytes, 
     await backend.create_topic(topic, shard_ranges(SHARDS))
     built = [Record(value, key) for key, value in records]
     producer = backend.producer(topic)
+    with frozen_heap():
+        return await _bare_produce(producer, built)
+
+
+async def _bare_produce(producer: ShardProducer, built: list[Record]) -> float:
     started = time.perf_counter()
     per_shard: dict[int, list[Record]] = {}
     for record in built:
@@ -151,7 +164,7 @@ async def bare_produce(backend: Backend, topic: str, records: list[tuple[bytes, 
     await producer.flush()
     elapsed_s = time.perf_counter() - started
     await producer.close()
-    return len(records) / elapsed_s
+    return len(built) / elapsed_s
 
 
 async def sdk_produce(
@@ -161,15 +174,17 @@ async def sdk_produce(
     try:
         futures: list[asyncio.Future[Any]] = []
         built = [Record(value, key) for key, value in records]
-        started = time.perf_counter()
-        if per_record:
-            for key, value in records:
-                futures.append(await producer.send(topic, value, key=key))
-        else:
-            for i in range(0, len(built), BARE_BATCH_RECORDS):
-                futures.append(await producer.send_batch(topic, built[i : i + BARE_BATCH_RECORDS]))
-        await producer.flush()
-        elapsed_s = time.perf_counter() - started
+        with frozen_heap():
+            started = time.perf_counter()
+            if per_record:
+                for key, value in records:
+                    futures.append(await producer.send(topic, value, key=key))
+            else:
+                for i in range(0, len(built), BARE_BATCH_RECORDS):
+                    batch = built[i : i + BARE_BATCH_RECORDS]
+                    futures.append(await producer.send_batch(topic, batch))
+            await producer.flush()
+            elapsed_s = time.perf_counter() - started
         failed = [f for f in futures if f.exception() is not None]
         if failed:
             raise RuntimeError(f"{len(failed)} records failed: {failed[0].exception()}")
@@ -183,10 +198,11 @@ async def bare_consume(backend: Backend, physical: str, expected: int) -> float:
     try:
         reader.assign(dict.fromkeys(range(SHARDS), 0))
         count = 0
-        started = time.perf_counter()
-        while count < expected:
-            count += len(await reader.poll(5000, timeout_s=1.0))
-        return expected / (time.perf_counter() - started)
+        with frozen_heap():
+            started = time.perf_counter()
+            while count < expected:
+                count += len(await reader.poll(5000, timeout_s=1.0))
+            return expected / (time.perf_counter() - started)
     finally:
         await reader.close()
 
@@ -196,50 +212,66 @@ async def sdk_consume(url: str, topic: str, expected: int) -> float:
     try:
         await consumer.assign(topic)
         count = 0
-        started = time.perf_counter()
-        while count < expected:
-            count += len(await consumer.poll(5000, timeout_s=1.0))
-        return expected / (time.perf_counter() - started)
+        with frozen_heap():
+            started = time.perf_counter()
+            while count < expected:
+                count += len(await consumer.poll(5000, timeout_s=1.0))
+            return expected / (time.perf_counter() - started)
     finally:
         await consumer.close()
 
 
 async def measure(
-    name: str, cluster: PhysicalCluster, url: str, records: list[tuple[bytes, bytes]]
+    name: str, cluster: PhysicalCluster, url: str, records: list[tuple[bytes, bytes]], rounds: int
 ) -> dict[str, float]:
+    """Bare and SDK loops alternate for ``rounds`` rounds; rates are medians, ratios paired medians."""
     backend = open_backend(cluster)
+    rates: dict[str, list[float]] = {
+        op: [] for op in ("bare_p", "sdk_p", "sdk_r", "bare_c", "sdk_c", "ratio_p", "ratio_c")
+    }
     try:
-        bare_topic = f"bench-bare-{uuid.uuid4().hex[:8]}"
-        virtual = f"bench-sdk-{uuid.uuid4().hex[:8]}"
-        per_record_topic = f"bench-sdk-send-{uuid.uuid4().hex[:8]}"
-        with MetadataClient(url, token=TOKEN) as admin:
-            metadata = admin.create_topic(VC, virtual, cluster.name, SHARDS)
-            admin.create_topic(VC, per_record_topic, cluster.name, SHARDS)
-        physical = metadata.current_epoch.physical_topic
         # Warm both paths (connections, metadata) on a few records first.
-        warm = records[:2000]
-        await bare_produce(backend, f"{bare_topic}-warm", warm)
-        bare_p = await bare_produce(backend, bare_topic, records)
-        log(f"{name}: bare produce {bare_p:,.0f} rec/s")
-        sdk_p = await sdk_produce(url, virtual, records, per_record=False)
-        log(f"{name}: SDK produce (send_batch) {sdk_p:,.0f} rec/s")
-        sdk_r = await sdk_produce(url, per_record_topic, records, per_record=True)
-        log(f"{name}: SDK produce (send per record) {sdk_r:,.0f} rec/s")
-        bare_c = await bare_consume(backend, physical, len(records))
-        log(f"{name}: bare consume {bare_c:,.0f} rec/s")
-        sdk_c = await sdk_consume(url, virtual, len(records))
-        log(f"{name}: SDK consume {sdk_c:,.0f} rec/s")
+        await bare_produce(backend, f"bench-warm-{uuid.uuid4().hex[:8]}", records[:2000])
+        for round_ in range(rounds):
+            bare_topic = f"bench-bare-{uuid.uuid4().hex[:8]}"
+            virtual = f"bench-sdk-{uuid.uuid4().hex[:8]}"
+            per_record_topic = f"bench-sdk-send-{uuid.uuid4().hex[:8]}"
+            with MetadataClient(url, token=TOKEN) as admin:
+                metadata = admin.create_topic(VC, virtual, cluster.name, SHARDS)
+                admin.create_topic(VC, per_record_topic, cluster.name, SHARDS)
+            physical = metadata.current_epoch.physical_topic
+            bare_p = await bare_produce(backend, bare_topic, records)
+            sdk_p = await sdk_produce(url, virtual, records, per_record=False)
+            sdk_r = await sdk_produce(url, per_record_topic, records, per_record=True)
+            bare_c = await bare_consume(backend, physical, len(records))
+            sdk_c = await sdk_consume(url, virtual, len(records))
+            for op, value in (
+                ("bare_p", bare_p),
+                ("sdk_p", sdk_p),
+                ("sdk_r", sdk_r),
+                ("bare_c", bare_c),
+                ("sdk_c", sdk_c),
+                ("ratio_p", sdk_p / bare_p),
+                ("ratio_c", sdk_c / bare_c),
+            ):
+                rates[op].append(value)
+            log(
+                f"{name} round {round_}: produce bare {bare_p:,.0f}/s, SDK send_batch "
+                f"{sdk_p:,.0f}/s, SDK send {sdk_r:,.0f}/s; consume bare {bare_c:,.0f}/s, "
+                f"SDK {sdk_c:,.0f}/s"
+            )
     finally:
         await backend.close()
+    m = {op: statistics.median(values) for op, values in rates.items()}
     return {
-        f"{name}_bare_produce_records_per_s": round(bare_p),
-        f"{name}_sdk_produce_records_per_s": round(sdk_p),
-        f"{name}_sdk_send_per_record_records_per_s": round(sdk_r),
-        f"{name}_send_per_record_ratio": round(sdk_r / bare_p, 3),
-        f"{name}_bare_consume_records_per_s": round(bare_c),
-        f"{name}_sdk_consume_records_per_s": round(sdk_c),
-        f"{name}_produce_ratio": round(sdk_p / bare_p, 3),
-        f"{name}_consume_ratio": round(sdk_c / bare_c, 3),
+        f"{name}_bare_produce_records_per_s": round(m["bare_p"]),
+        f"{name}_sdk_produce_records_per_s": round(m["sdk_p"]),
+        f"{name}_sdk_send_per_record_records_per_s": round(m["sdk_r"]),
+        f"{name}_send_per_record_ratio": round(m["sdk_r"] / m["bare_p"], 3),
+        f"{name}_bare_consume_records_per_s": round(m["bare_c"]),
+        f"{name}_sdk_consume_records_per_s": round(m["sdk_c"]),
+        f"{name}_produce_ratio": round(m["ratio_p"], 3),
+        f"{name}_consume_ratio": round(m["ratio_c"], 3),
     }
 
 
@@ -248,8 +280,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="Reduced size, under a minute.")
     args = parser.parse_args()
     count = 50_000 if args.quick else 300_000
+    rounds = 3
     records = make_records(count)
-    figures: dict[str, float] = {"records": count, "value_bytes": VALUE_BYTES, "shards": SHARDS}
+    figures: dict[str, float] = {
+        "records": count,
+        "rounds": rounds,
+        "value_bytes": VALUE_BYTES,
+        "shards": SHARDS,
+    }
     targets: dict[str, dict[str, object]] = {}
     with tempfile.TemporaryDirectory(prefix="xinfra-bench-sdk-") as tmp, ExitStack() as stack:
         run_dir = Path(tmp)
@@ -270,7 +308,9 @@ def main() -> None:
             for cluster in clusters:
                 admin.register_cluster(cluster)
         for cluster in clusters:
-            figures.update(asyncio.run(measure(cluster.name, cluster, service.url, records)))
+            figures.update(
+                asyncio.run(measure(cluster.name, cluster, service.url, records, rounds))
+            )
             for op in ("produce", "consume"):
                 name = f"{cluster.name}_{op}_ratio"
                 targets[name] = target(figures[name], TARGET_RATIO)

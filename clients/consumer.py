@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from itertools import repeat
+from operator import add, attrgetter
+from typing import Literal, NamedTuple, Protocol
 
 from clients.metadata import MetadataSource, TopicWatch, fetch_metadata
 from clients.pool import BackendPool
@@ -42,6 +45,8 @@ from xinfra.model import (
 )
 
 StartAt = Literal["earliest", "latest"]
+_SHARD_OF = attrgetter("shard")
+_new_tuple = tuple.__new__
 POLL_SLICE_S = 0.05
 """How long one reader is polled before the next gets its turn, when several are active."""
 
@@ -56,61 +61,28 @@ class XinfraConsumerOptions:
     """One metadata long-poll; a change is seen at once, this only bounds an idle request."""
 
 
-class XinfraRecord:
+class XinfraRecord(NamedTuple):
     """One record of a virtual topic, as ``poll`` returns it.
 
-    A thin view over the backend's record (no copy of key, value or headers;
-    the position is built when asked for): the read path pays for what it uses.
+    A flat named tuple, like Kafka's ``ConsumerRecord``: ``poll`` builds one
+    per record in C, as ``(topic, epoch) + backend record``, and the backend's
+    record is dropped at once, so the SDK adds no object per record that
+    outlives the poll (and no work for the garbage collector).
     """
 
-    __slots__ = ("_raw", "epoch", "topic")
-
-    def __init__(self, topic: str, epoch: int, raw: ConsumedRecord) -> None:
-        self.topic = topic
-        self.epoch = epoch
-        self._raw = raw
+    topic: str
+    epoch: int
+    shard: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...] = ()
 
     @property
     def position(self) -> Position:
         """(epoch, shard, offset) of this record; seek here to read it again."""
-        return Position(self.epoch, self._raw.shard, self._raw.offset)
-
-    @property
-    def shard(self) -> int:
-        return self._raw.shard
-
-    @property
-    def offset(self) -> int:
-        return self._raw.offset
-
-    @property
-    def timestamp_ms(self) -> int:
-        return self._raw.timestamp_ms
-
-    @property
-    def key(self) -> bytes | None:
-        return self._raw.key
-
-    @property
-    def value(self) -> bytes | None:
-        return self._raw.value
-
-    @property
-    def headers(self) -> tuple[Header, ...]:
-        return self._raw.headers
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, XinfraRecord):
-            return NotImplemented
-        return (self.topic, self.epoch, self._raw) == (other.topic, other.epoch, other._raw)
-
-    def __hash__(self) -> int:
-        return hash((self.topic, self.epoch, self._raw.shard, self._raw.offset))
-
-    def __repr__(self) -> str:
-        return (
-            f"XinfraRecord({self.topic!r}, {self.position}, key={self.key!r}, value={self.value!r})"
-        )
+        return Position(self.epoch, self.shard, self.offset)
 
 
 class CommitSink(Protocol):
@@ -338,35 +310,41 @@ class XinfraConsumer:
         Drops records of unassigned, paused or moved-on shards, records below
         the cursor (already delivered), past a sealed epoch's end offset (written
         after a virtual seal), and the mirrored prefix after crossing into a
-        migration target.
+        migration target.  A reader returns each shard's records in offset
+        order, so a run of one shard that starts at or past its cursor and ends
+        before the epoch's end is taken whole, without a look at each record.
         """
         topic, epoch_number = key
-        metadata = self._watches[topic].current
-        epoch = _epoch(metadata, epoch_number)
-        ends = epoch.end_offsets
-        cursors = self._cursors
+        ends = _epoch(self._watches[topic].current, epoch_number).end_offsets
         out: list[XinfraRecord] = []
-        append = out.append
-        for record in raw:
-            shard, offset = record.shard, record.offset
-            cursor = cursors.get((topic, shard))
+        for shard, group in itertools.groupby(raw, _SHARD_OF):
+            cursor = self._cursors.get((topic, shard))
+            if cursor is None or cursor.paused or cursor.epoch != epoch_number:
+                continue  # unassigned, paused, or moved on
+            run = list(group)
+            end = ends.get(shard, 0) if ends is not None else None
             if (
-                cursor is None
-                or cursor.paused
-                or cursor.epoch != epoch_number
-                or offset < cursor.offset
+                cursor.mirror_source is None
+                and run[0].offset >= cursor.offset
+                and (end is None or run[-1].offset < end)
             ):
-                continue  # unassigned, paused, moved on, or already delivered
-            if ends is not None and offset >= ends.get(shard, 0):
-                continue  # written after the virtual seal: not part of the topic
-            cursor.offset = offset + 1
-            if cursor.mirror_source is not None:
-                mirrored = mirrored_position(record.headers)
-                if mirrored is not None and mirrored.epoch == cursor.mirror_source[0]:
-                    if mirrored.offset < cursor.mirror_source[1]:
-                        continue  # delivered from the source epoch already
-                    cursor.mirror_source = None  # past the mirrored prefix
-            append(XinfraRecord(topic, epoch_number, record))
+                cursor.offset = run[-1].offset + 1
+                out.extend(map(_new_tuple, repeat(XinfraRecord), map(add, repeat(key), run)))
+                continue
+            for record in run:
+                offset = record.offset
+                if offset < cursor.offset:
+                    continue  # already delivered
+                if end is not None and offset >= end:
+                    break  # written after the virtual seal: not part of the topic
+                cursor.offset = offset + 1
+                if cursor.mirror_source is not None:
+                    mirrored = mirrored_position(record.headers)
+                    if mirrored is not None and mirrored.epoch == cursor.mirror_source[0]:
+                        if mirrored.offset < cursor.mirror_source[1]:
+                            continue  # delivered from the source epoch already
+                        cursor.mirror_source = None  # past the mirrored prefix
+                out.append(XinfraRecord(topic, epoch_number, *record))
         return out
 
     async def _advance_epochs(self) -> None:

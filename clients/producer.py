@@ -45,7 +45,7 @@ from xinfra.errors import (
     XinfraError,
 )
 from xinfra.keyspace import KEYSPACE_BITS, KeyRange, key_hash, shard_of_key_in, shard_ranges
-from xinfra.model import Epoch, Header, Position, Record, TopicMetadata, mirror_header
+from xinfra.model import Epoch, Header, Position, Record, TopicMetadata, mirror_header, positions_of
 
 log = logging.getLogger(__name__)
 
@@ -101,11 +101,16 @@ class _Chunk:
         self.indices = indices
         self.next = 0
 
-    def resolve(self, position: Position) -> None:
+    def resolve(self, positions: list[Position]) -> None:
+        """The positions of this chunk's next ``len(positions)`` records (a batch may cut a chunk)."""
         call = self.call
-        call.positions[self.indices[self.next]] = position
-        self.next += 1
-        call.remaining -= 1
+        done = self.next + len(positions)
+        if done - self.next == len(call.positions):  # the whole call in one batch
+            call.positions = positions  # type: ignore[assignment]
+        else:
+            list(map(call.positions.__setitem__, self.indices[self.next : done], positions))
+        self.next = done
+        call.remaining -= len(positions)
         if call.remaining == 0 and not call.future.done():
             call.future.set_result(call.positions)  # type: ignore[arg-type]
 
@@ -141,6 +146,8 @@ class _ShardQueue:
     bytes: int = 0
     appended: int = 0
     completed: int = 0
+    oldest_s: float = 0.0
+    """Loop time at which the queue last went from empty to holding records: the linger clock."""
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
 
@@ -167,7 +174,7 @@ class XinfraProducer:
         self._queues: dict[tuple[str, int], _ShardQueue] = {}
         self._sticky: dict[str, itertools.cycle[int]] = {}
         self._sticky_shard: dict[str, int] = {}
-        self._routing: dict[str, tuple[int, int, list[KeyRange] | None]] = {}
+        self._routing_tables: dict[str, tuple[int, int, list[KeyRange] | None]] = {}
         self._loop = asyncio.get_running_loop()
         self._writes_in_flight: dict[tuple[str, int], int] = {}  # (topic, version) -> count
         self._writes_done = asyncio.Condition()
@@ -180,7 +187,8 @@ class XinfraProducer:
     # -- metadata --------------------------------------------------------------------------
 
     async def start(self, topics: Sequence[str] = ()) -> XinfraProducer:
-        """Check the service and the token now, and fetch the metadata of ``topics``.
+        """Check the service and the token now, fetch the metadata of ``topics`` and open their
+        shard producers, so that the first ``send`` pays no connection set-up.
 
         Raises ``Unavailable`` when the service does not answer within
         ``metadata_timeout_s``, ``Unauthenticated``/``Forbidden`` for a bad token,
@@ -188,7 +196,11 @@ class XinfraProducer:
         """
         await self.source.connect(self.options.metadata_timeout_s)
         for topic in topics:
-            await self.metadata(topic)
+            metadata = await self.metadata(topic)
+            for epoch in metadata.write_epochs:
+                # A cluster that does not answer now is tried again by the first send.
+                with contextlib.suppress(XinfraError):
+                    self.pool.producer(metadata.clusters[epoch.cluster], epoch.physical_topic)
         return self
 
     async def metadata(self, topic: str) -> TopicMetadata:
@@ -281,23 +293,37 @@ class XinfraProducer:
         if watch.error is not None:
             raise watch.error
         self.source.check()
+        future: asyncio.Future[list[Position]] = self._loop.create_future()
+        if not records:
+            future.set_result([])
+            return future
+        # One pass: size check and routing, inlined (this loop is the SDK's cost per record).
+        count, ranges = self._routing(watch.current)
         record_bytes_max = self.options.record_bytes_max
+        by_shard: list[list[int]] = [[] for _ in range(count)]
         sizes: list[int] = []
-        shards: list[int] = []
-        metadata = watch.current
-        for record in records:
-            size = record.size_bytes()
+        keyless = -1
+        for index, record in enumerate(records):
+            key = record.key
+            if record.headers:
+                size = record.size_bytes()
+            else:
+                value = record.value
+                size = (len(key) if key else 0) + (len(value) if value else 0)
             if size > record_bytes_max:
                 raise RecordTooLarge(
                     f"record of {size} bytes exceeds record_bytes_max={record_bytes_max}; "
                     "nothing of this batch was queued"
                 )
             sizes.append(size + RECORD_OVERHEAD_BYTES)
-            shards.append(self._route(metadata, record.key, None))
-        future: asyncio.Future[list[Position]] = self._loop.create_future()
-        if not records:
-            future.set_result([])
-            return future
+            if key is None:
+                if keyless < 0:
+                    keyless = self._sticky_of(topic, count)
+                by_shard[keyless].append(index)
+            elif ranges is None:
+                by_shard[(key_hash(key) * count) >> KEYSPACE_BITS].append(index)
+            else:
+                by_shard[shard_of_key_in(key, ranges)].append(index)
         total = sum(sizes)
         if total > self.options.buffer_bytes_max:
             raise InvalidRequest(
@@ -310,22 +336,25 @@ class XinfraProducer:
         else:
             self._buffered_bytes += total
         call = _BatchCall(future, len(records))
-        by_shard: dict[int, tuple[list[int], list[Record], list[int]]] = {}
-        for index, shard in enumerate(shards):
-            group = by_shard.get(shard)
-            if group is None:
-                group = by_shard[shard] = ([], [], [])
-            group[0].append(index)
-            group[1].append(records[index])
-            group[2].append(sizes[index])
-        for shard, (indices, shard_records, shard_sizes) in by_shard.items():
-            self._enqueue_many(topic, shard, shard_records, _Chunk(call, indices), shard_sizes)
+        for shard, indices in enumerate(by_shard):
+            if len(indices) == len(records):  # one shard takes the whole call: no regrouping
+                self._enqueue_many(topic, shard, list(records), _Chunk(call, indices), sizes)
+            elif indices:
+                self._enqueue_many(
+                    topic,
+                    shard,
+                    list(map(records.__getitem__, indices)),
+                    _Chunk(call, indices),
+                    list(map(sizes.__getitem__, indices)),
+                )
         return future
 
     def _enqueue_many(
         self, topic: str, shard: int, records: list[Record], chunk: _Chunk, sizes: list[int]
     ) -> None:
         queue = self._queues.get((topic, shard)) or self._queue(topic, shard)
+        if not queue.records:
+            queue.oldest_s = self._loop.time()
         queue.records.extend(records)
         queue.sinks.extend([chunk] * len(records))
         queue.sizes.extend(sizes)
@@ -344,7 +373,8 @@ class XinfraProducer:
         queue.appended += 1
         count = len(queue.records)
         if count == 1:
-            queue.wakeup.set()  # start the linger clock
+            queue.oldest_s = self._loop.time()  # start the linger clock
+            queue.wakeup.set()
         elif count >= self.options.batch_records_max or queue.bytes >= self.options.batch_bytes_max:
             queue.wakeup.set()
             if record.key is None and self._sticky_shard.get(topic) == shard:
@@ -369,10 +399,7 @@ class XinfraProducer:
         return await future
 
     def _route(self, metadata: TopicMetadata, key: bytes | None, shard: int | None) -> int:
-        routing = self._routing.get(metadata.topic.name)
-        if routing is None or routing[0] != metadata.version:
-            routing = self._routing_table(metadata)
-        _version, count, ranges = routing
+        count, ranges = self._routing(metadata)
         if shard is not None:
             if not 0 <= shard < count:
                 raise ShardOutOfRange(
@@ -384,22 +411,24 @@ class XinfraProducer:
             if ranges is None:  # the N equal ranges: arithmetic, no search
                 return (key_hash(key) * count) >> KEYSPACE_BITS
             return shard_of_key_in(key, ranges)
-        topic = metadata.topic.name
+        return self._sticky_of(metadata.topic.name, count)
+
+    def _routing(self, metadata: TopicMetadata) -> tuple[int, list[KeyRange] | None]:
+        """The shard count, and the ranges unless they are the N equal ones; kept per version."""
+        routing = self._routing_tables.get(metadata.topic.name)
+        if routing is None or routing[0] != metadata.version:
+            ranges = [s.key_range for s in metadata.current_epoch.shards]
+            equal = ranges == shard_ranges(len(ranges))
+            routing = (metadata.version, len(ranges), None if equal else ranges)
+            self._routing_tables[metadata.topic.name] = routing
+        return routing[1], routing[2]
+
+    def _sticky_of(self, topic: str, count: int) -> int:
+        """The shard keyless records of ``topic`` go to now."""
         sticky = self._sticky_shard.get(topic)
         if sticky is None or sticky >= count:
             sticky = self._next_sticky(topic, count)
         return sticky
-
-    def _routing_table(self, metadata: TopicMetadata) -> tuple[int, int, list[KeyRange] | None]:
-        """Per version: the shard count, and the ranges unless they are the N equal ones."""
-        ranges = [s.key_range for s in metadata.current_epoch.shards]
-        table = (
-            metadata.version,
-            len(ranges),
-            None if ranges == shard_ranges(len(ranges)) else ranges,
-        )
-        self._routing[metadata.topic.name] = table
-        return table
 
     def _next_sticky(self, topic: str, count: int) -> int:
         """Keyless records stick to one shard per batch, then rotate: even spread, full batches."""
@@ -456,9 +485,12 @@ class XinfraProducer:
 
         While a batch is in flight the queue fills, so under load the next
         batch is as large as the limits allow: throughput comes from batch
-        size, order from having one batch in flight.
+        size, order from having one batch in flight.  As in Kafka, the linger
+        clock starts when the oldest waiting record arrived: records that
+        waited out a batch in flight go at once.
         """
         linger_s = self.options.linger_ms / 1000
+        loop = asyncio.get_running_loop()
         while True:
             await queue.wakeup.wait()
             if not queue.records:
@@ -470,10 +502,11 @@ class XinfraProducer:
                 len(queue.records) >= self.options.batch_records_max
                 or queue.bytes >= self.options.batch_bytes_max
             )
-            if not full and not self._closed and linger_s > 0:
+            linger_left_s = queue.oldest_s + linger_s - loop.time()
+            if not full and not self._closed and linger_left_s > 0:
                 queue.wakeup.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(queue.wakeup.wait(), linger_s)
+                    await asyncio.wait_for(queue.wakeup.wait(), linger_left_s)
             records, sinks, sizes = self._take_batch(queue)
             batch_bytes = sum(sizes)
             queue.bytes -= batch_bytes
@@ -542,11 +575,15 @@ class XinfraProducer:
                     if first is None:
                         first = positions
                 assert first is not None, "a topic always has a write epoch"
-                for sink, position in zip(sinks, first, strict=True):
+                assert len(first) == len(sinks), "one position per record"
+                start = 0
+                for sink, run in itertools.groupby(sinks):  # a send_batch call's records are a run
+                    end = start + len(list(run))
                     if type(sink) is _Chunk:
-                        sink.resolve(position)
+                        sink.resolve(first[start:end])
                     elif not sink.done():  # type: ignore[union-attr]
-                        sink.set_result(position)  # type: ignore[union-attr]
+                        sink.set_result(first[start])  # type: ignore[union-attr]
+                    start = end
                 return
             except Sealed:
                 # The epoch was sealed under us: the next metadata version names the new one.
@@ -589,7 +626,7 @@ class XinfraProducer:
                 del self._writes_in_flight[key]
             async with self._writes_done:
                 self._writes_done.notify_all()
-        return [Position(epoch.number, shard, offset) for offset in offsets]
+        return positions_of(epoch.number, shard, offsets)
 
     async def _settle(self, metadata: TopicMetadata) -> None:
         """Wait until no write started under an older version of the topic is in flight."""

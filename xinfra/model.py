@@ -2,9 +2,10 @@
 
 Metadata objects are pydantic models (validated at every boundary, serialised
 to the REST API).  ``Record``, ``ConsumedRecord`` and ``Position`` sit on the
-data path, where a pydantic model per record would cost more than the I/O, so
-they are slotted frozen dataclasses; pydantic still validates them where they
-appear inside a model.
+data path, where a pydantic model per record would cost more than the I/O:
+``Record`` is a slotted frozen dataclass, and the two made once per record on
+the hot paths, ``ConsumedRecord`` and ``Position``, are named tuples (built in
+C with ``tuple.__new__``, several times faster than a frozen dataclass).
 
 Key ranges travel as pairs of decimal strings because 2**64 does not fit a
 JSON number safely.
@@ -14,7 +15,9 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Annotated, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator
@@ -151,9 +154,12 @@ class Record:
         return size
 
 
-@dataclass(frozen=True, slots=True)
-class ConsumedRecord:
-    """A record as read back from one shard of one physical topic, with its offset."""
+class ConsumedRecord(NamedTuple):
+    """A record as read back from one shard of one physical topic, with its offset.
+
+    A named tuple: readers make one per record, and ``tuple.__new__`` makes it
+    in C where a frozen dataclass costs a Python ``__setattr__`` per field.
+    """
 
     shard: int
     offset: int
@@ -176,6 +182,17 @@ class Position(NamedTuple):
 
     def to_json(self) -> dict[str, int]:
         return {"epoch": self.epoch, "shard": self.shard, "offset": self.offset}
+
+
+def positions_of(epoch: int, shard: int, offsets: Iterable[int]) -> list[Position]:
+    """The positions of ``offsets`` in one shard of one epoch, built without a Python frame each.
+
+    ``Position(...)`` runs the named tuple's Python ``__new__`` (~0.4 us); a
+    producer resolving a batch of thousands of records builds them here with
+    ``tuple.__new__`` over ``map``, several times faster.
+    """
+    make = tuple.__new__
+    return list(map(make, repeat(Position), zip(repeat(epoch), repeat(shard), offsets)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections import deque
 from collections.abc import Mapping, Sequence
+from itertools import repeat
+from operator import add
 
 from backends.northguard.batch import check_batch, decode_batch
 from backends.northguard.client.admin import AdminClient, TopicView
@@ -31,6 +34,7 @@ from xinfra.errors import XinfraError
 from xinfra.model import ConsumedRecord
 
 WINDOW_BYTES_MIN = 256 << 10
+_new_tuple = tuple.__new__
 
 
 class NorthguardReader(ShardReader):
@@ -161,10 +165,18 @@ class NorthguardReader(ShardReader):
                 if base_offset + count <= position:
                     continue
                 skip = max(0, position - base_offset)
-                records = [
-                    ConsumedRecord(shard, base_offset + skip + i, ts, key, value, headers)
-                    for i, (ts, key, value, headers) in enumerate(decode_batch(batch, skip))
-                ]
+                # (shard, offset) + (ts, key, value, headers), made a ConsumedRecord in C.
+                records: list[ConsumedRecord] = list(
+                    map(
+                        _new_tuple,
+                        repeat(ConsumedRecord),
+                        map(
+                            add,
+                            zip(repeat(shard), itertools.count(base_offset + skip)),
+                            decode_batch(batch, skip),
+                        ),
+                    )
+                )
                 room = max_records - len(out)
                 out.extend(records[:room])
                 if len(records) > room:
