@@ -85,6 +85,11 @@ class XinfraRecord(NamedTuple):
         return Position(self.epoch, self.shard, self.offset)
 
 
+assert XinfraRecord._fields[2:] == ConsumedRecord._fields, (
+    "poll builds an XinfraRecord as (topic, epoch) + ConsumedRecord: keep their fields in step"
+)
+
+
 class CommitSink(Protocol):
     """Where committed positions go: the consumer-group issue plugs the service's checkpoints in.
 

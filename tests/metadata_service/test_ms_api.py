@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
@@ -174,13 +174,16 @@ async def test_add_epoch_on_another_cluster(service: Service, bootstrap: str) ->
     }
 
 
-async def test_racing_updates_one_wins(service: Service, bootstrap: str) -> None:
-    await register(service, bootstrap)
-    await create_topic(service)
+async def race_updates(services: Sequence[Service]) -> None:
+    """Eight PATCHes of topic ``orders`` at version 1, spread over ``services``: exactly one wins.
+
+    Every loser gets 409 ``version_conflict`` and every service then reads the
+    winner's config at version 2: no lost update.
+    """
     url = f"/v1/vclusters/{VC}/topics/orders"
     responses = await asyncio.gather(
         *[
-            service.http.patch(
+            services[i % len(services)].http.patch(
                 url, json={"config": {"writer": str(i)}}, headers={"If-Match": '"1"'}
             )
             for i in range(8)
@@ -191,9 +194,16 @@ async def test_racing_updates_one_wins(service: Service, bootstrap: str) -> None
     for response in responses:
         if response.status_code == 409:
             assert_problem(response, 409, "version_conflict")
-    winner = next(r for r in responses if r.status_code == 200).json()
-    current = await service.ok("GET", url)
-    assert current["version"] == 2 and current["topic"]["config"] == winner["topic"]["config"]
+    winner = next(r for r in responses if r.status_code == 200).json()["topic"]["config"]
+    for service in services:
+        current = await service.ok("GET", url)
+        assert current["version"] == 2 and current["topic"]["config"] == winner
+
+
+async def test_racing_updates_one_wins(service: Service, bootstrap: str) -> None:
+    await register(service, bootstrap)
+    await create_topic(service)
+    await race_updates([service])
 
 
 async def test_problem_json_on_bad_requests(service: Service, bootstrap: str) -> None:

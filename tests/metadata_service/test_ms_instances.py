@@ -4,16 +4,17 @@ on the others; one killed with SIGKILL, the other keeps serving."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from ms_harness import ADMIN_TOKEN, admin_headers, running
-from test_ms_api import VC, assert_problem, create_topic, register, wait_for
+from ms_harness import ADMIN_TOKEN, Service, admin_headers, running
+from test_ms_api import VC, create_topic, race_updates, register, wait_for
 
 from metadata_service import ServiceConfig
 from xinfra.services.ports import free_port
@@ -26,11 +27,7 @@ ROOT = HERE.parent.parent
 async def test_change_on_one_instance_wakes_long_poll_on_another(
     make_config: Callable[..., ServiceConfig], zookeeper: str, bootstrap: str
 ) -> None:
-    root = f"/xinfra-test/{uuid.uuid4().hex}"
-    async with (
-        running(make_config(zookeeper=zookeeper, zk_root=root)) as a,
-        running(make_config(zookeeper=zookeeper, zk_root=root)) as b,
-    ):
+    async with two_services(make_config, zookeeper) as (a, b):
         assert (await b.ok("GET", "/ready"))["notifier"] == "ZooKeeperNotifier"
         await register(a, bootstrap)
         await create_topic(a)
@@ -57,31 +54,23 @@ async def test_racing_updates_through_two_instances_one_wins(
     make_config: Callable[..., ServiceConfig], zookeeper: str, bootstrap: str
 ) -> None:
     """Optimistic concurrency holds across instances: the version check is MySQL's, not a lock's."""
+    async with two_services(make_config, zookeeper) as (a, b):
+        await register(a, bootstrap)
+        await create_topic(a)
+        await race_updates([a, b])
+
+
+@contextlib.asynccontextmanager
+async def two_services(
+    make_config: Callable[..., ServiceConfig], zookeeper: str
+) -> AsyncIterator[tuple[Service, Service]]:
+    """Two in-process instances on one database and one ZooKeeper root."""
     root = f"/xinfra-test/{uuid.uuid4().hex}"
     async with (
         running(make_config(zookeeper=zookeeper, zk_root=root)) as a,
         running(make_config(zookeeper=zookeeper, zk_root=root)) as b,
     ):
-        await register(a, bootstrap)
-        await create_topic(a)
-        url = f"/v1/vclusters/{VC}/topics/orders"
-        responses = await asyncio.gather(
-            *[
-                (a if i % 2 else b).http.patch(
-                    url, json={"config": {"writer": str(i)}}, headers={"If-Match": '"1"'}
-                )
-                for i in range(8)
-            ]
-        )
-        statuses = sorted(r.status_code for r in responses)
-        assert statuses.count(200) == 1 and statuses.count(409) == 7, statuses
-        for response in responses:
-            if response.status_code == 409:
-                assert_problem(response, 409, "version_conflict")
-        winner = next(r for r in responses if r.status_code == 200).json()["topic"]["config"]
-        for service in (a, b):
-            current = await service.ok("GET", url)
-            assert current["version"] == 2 and current["topic"]["config"] == winner
+        yield a, b
 
 
 async def _has_waiter(service) -> bool:  # type: ignore[no-untyped-def]
