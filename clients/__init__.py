@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from clients.consumer import CommitSink, XinfraConsumer, XinfraConsumerOptions, XinfraRecord
-from clients.producer import XinfraProducer, XinfraProducerOptions
+from clients.producer import Positions, XinfraProducer, XinfraProducerOptions
 from clients.service import LEASE_S, ServiceSource
 
 
@@ -112,6 +112,7 @@ async def open_consumer(
 
 __all__ = [
     "CommitSink",
+    "Positions",
     "ServiceSource",
     "XinfraConsumer",
     "XinfraConsumerOptions",

@@ -31,6 +31,8 @@ import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from itertools import repeat
+from typing import overload
 
 from clients.metadata import MetadataSource, TopicWatch, fetch_metadata
 from clients.pool import BackendPool
@@ -45,7 +47,7 @@ from xinfra.errors import (
     XinfraError,
 )
 from xinfra.keyspace import KEYSPACE_BITS, KeyRange, key_hash, shard_of_key_in, shard_ranges
-from xinfra.model import Epoch, Header, Position, Record, TopicMetadata, mirror_header, positions_of
+from xinfra.model import Epoch, Header, Position, Record, TopicMetadata, mirror_header
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +89,60 @@ class XinfraProducerOptions:
         )
 
 
+class Positions(Sequence[Position]):
+    """The positions of one ``send_batch`` call, in call order, each made when read.
+
+    A call of N records costs three lists of ints here, not N position tuples:
+    every tuple would be an object the garbage collector tracks for as long as
+    the application keeps the result, and on the producer's hot path that
+    tracking costs more than the tuples.
+    """
+
+    __slots__ = ("_epochs", "_offsets", "_shards")
+
+    def __init__(self, count: int) -> None:
+        self._epochs = [0] * count
+        self._shards = [0] * count
+        self._offsets = [0] * count
+
+    def place(self, indices: list[int], epoch: int, shard: int, offsets: list[int]) -> None:
+        """Record where the records at ``indices`` of the call were stored."""
+        if len(offsets) == len(self._offsets):  # the whole call went to one shard in one batch
+            self._epochs = [epoch] * len(offsets)
+            self._shards = [shard] * len(offsets)
+            self._offsets = offsets
+            return
+        list(map(self._epochs.__setitem__, indices, repeat(epoch)))
+        list(map(self._shards.__setitem__, indices, repeat(shard)))
+        list(map(self._offsets.__setitem__, indices, offsets))
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    @overload
+    def __getitem__(self, index: int) -> Position: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Position]: ...
+
+    def __getitem__(self, index: int | slice) -> Position | list[Position]:
+        if isinstance(index, slice):
+            return list(
+                map(Position, self._epochs[index], self._shards[index], self._offsets[index])
+            )
+        return Position(self._epochs[index], self._shards[index], self._offsets[index])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Positions({list(self)!r})"
+
+
 class _Chunk:
     """The records one ``send_batch`` call routed to one shard: they resolve its one future.
 
@@ -101,26 +157,23 @@ class _Chunk:
         self.indices = indices
         self.next = 0
 
-    def resolve(self, positions: list[Position]) -> None:
-        """The positions of this chunk's next ``len(positions)`` records (a batch may cut a chunk)."""
+    def resolve(self, epoch: int, shard: int, offsets: list[int]) -> None:
+        """Where this chunk's next ``len(offsets)`` records went (a batch may cut a chunk)."""
         call = self.call
-        done = self.next + len(positions)
-        if done - self.next == len(call.positions):  # the whole call in one batch
-            call.positions = positions  # type: ignore[assignment]
-        else:
-            list(map(call.positions.__setitem__, self.indices[self.next : done], positions))
+        done = self.next + len(offsets)
+        call.positions.place(self.indices[self.next : done], epoch, shard, offsets)
         self.next = done
-        call.remaining -= len(positions)
+        call.remaining -= len(offsets)
         if call.remaining == 0 and not call.future.done():
-            call.future.set_result(call.positions)  # type: ignore[arg-type]
+            call.future.set_result(call.positions)
 
 
 class _BatchCall:
     __slots__ = ("future", "positions", "remaining")
 
-    def __init__(self, future: asyncio.Future[list[Position]], count: int) -> None:
+    def __init__(self, future: asyncio.Future[Positions], count: int) -> None:
         self.future = future
-        self.positions: list[Position | None] = [None] * count
+        self.positions = Positions(count)
         self.remaining = count
 
 
@@ -273,10 +326,8 @@ class XinfraProducer:
         self._enqueue(topic, shard, record, future, size)
         return future
 
-    async def send_batch(
-        self, topic: str, records: Sequence[Record]
-    ) -> asyncio.Future[list[Position]]:
-        """Queue many records at once; one future resolves to their positions, in order.
+    async def send_batch(self, topic: str, records: Sequence[Record]) -> asyncio.Future[Positions]:
+        """Queue many records at once; one future resolves to their ``Positions``, in order.
 
         The same routing, batching, order and bounds as ``send`` (each record
         goes to its key's shard, or to ``send``'s sticky shard when keyless),
@@ -293,9 +344,9 @@ class XinfraProducer:
         if watch.error is not None:
             raise watch.error
         self.source.check()
-        future: asyncio.Future[list[Position]] = self._loop.create_future()
+        future: asyncio.Future[Positions] = self._loop.create_future()
         if not records:
-            future.set_result([])
+            future.set_result(Positions(0))
             return future
         # One pass: size check and routing, inlined (this loop is the SDK's cost per record).
         count, ranges = self._routing(watch.current)
@@ -555,7 +606,8 @@ class XinfraProducer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.options.delivery_timeout_s
         done_epochs: set[int] = set()
-        first: list[Position] | None = None
+        first: tuple[int, list[int]] | None = None
+        """(epoch, offsets) in the first write epoch: the positions the records resolve to."""
         backoff_s = 0.05
         while True:
             watch = self._watches[topic]
@@ -570,19 +622,20 @@ class XinfraProducer:
                 for epoch in metadata.write_epochs:
                     if epoch.number in done_epochs:
                         continue
-                    positions = await self._write(metadata, epoch, shard, records, first)
+                    offsets = await self._write(metadata, epoch, shard, records, first)
                     done_epochs.add(epoch.number)
                     if first is None:
-                        first = positions
+                        first = (epoch.number, offsets)
                 assert first is not None, "a topic always has a write epoch"
-                assert len(first) == len(sinks), "one position per record"
+                number, offsets = first
+                assert len(offsets) == len(sinks), "one offset per record"
                 start = 0
                 for sink, run in itertools.groupby(sinks):  # a send_batch call's records are a run
                     end = start + len(list(run))
                     if type(sink) is _Chunk:
-                        sink.resolve(first[start:end])
+                        sink.resolve(number, shard, offsets[start:end])
                     elif not sink.done():  # type: ignore[union-attr]
-                        sink.set_result(first[start])  # type: ignore[union-attr]
+                        sink.set_result(Position(number, shard, offsets[start]))  # type: ignore[union-attr]
                     start = end
                 return
             except Sealed:
@@ -608,12 +661,17 @@ class XinfraProducer:
         epoch: Epoch,
         shard: int,
         records: list[Record],
-        source: list[Position] | None,
-    ) -> list[Position]:
+        source: tuple[int, list[int]] | None,
+    ) -> list[int]:
+        """The offsets of ``records`` in ``epoch``; ``source`` is where they went in the first."""
         if source is not None and epoch.mirror_of is not None:
+            source_epoch, source_offsets = source
             records = [
-                replace(record, headers=(*record.headers, mirror_header(position)))
-                for record, position in zip(records, source, strict=True)
+                replace(
+                    record,
+                    headers=(*record.headers, mirror_header(Position(source_epoch, shard, offset))),
+                )
+                for record, offset in zip(records, source_offsets, strict=True)
             ]
         producer = self.pool.producer(metadata.clusters[epoch.cluster], epoch.physical_topic)
         key = (metadata.topic.name, metadata.version)
@@ -626,7 +684,7 @@ class XinfraProducer:
                 del self._writes_in_flight[key]
             async with self._writes_done:
                 self._writes_done.notify_all()
-        return positions_of(epoch.number, shard, offsets)
+        return offsets
 
     async def _settle(self, metadata: TopicMetadata) -> None:
         """Wait until no write started under an older version of the topic is in flight."""

@@ -190,6 +190,9 @@ async def test_a_produce_refused_midway_fails_the_send_after_the_queued_records_
                 raise BufferError("Local: Queue full")
             real.produce(*args)
 
+        def poll(self, timeout: float) -> int:
+            return real.poll(timeout)
+
     producer._producer = RefusesThird()  # type: ignore[assignment]
     failed = producer.send(0, [Record(value=b"%d" % i) for i in range(5)])
     with pytest.raises(BackendUnavailable, match="queue is full"):
