@@ -47,6 +47,8 @@ from xinfra.model import (
 StartAt = Literal["earliest", "latest"]
 _SHARD_OF = attrgetter("shard")
 _new_tuple = tuple.__new__
+POLL_CHUNK_RECORDS = 512
+"""Records asked of a backend reader at once; ``poll`` asks again, without waiting, for more."""
 POLL_SLICE_S = 0.05
 """How long one reader is polled before the next gets its turn, when several are active."""
 
@@ -295,13 +297,16 @@ class XinfraConsumer:
                 slice_s = POLL_SLICE_S if len(active) > 1 else max(0.0, deadline - loop.time())
                 out: list[XinfraRecord] = []
                 for key in ordered:
-                    remaining = max_records - len(out)
-                    if remaining <= 0:
-                        break
-                    raw = await self._readers[key].poll(
-                        remaining, min(slice_s, max(0.0, deadline - loop.time()))
-                    )
-                    out.extend(self._accept(key, raw))
+                    wait_s = min(slice_s, max(0.0, deadline - loop.time()))
+                    while (remaining := max_records - len(out)) > 0:
+                        # In chunks: each chunk of backend records is dropped as soon as it
+                        # is converted, so the collector never sees both copies of a poll.
+                        chunk = min(remaining, POLL_CHUNK_RECORDS)
+                        raw = await self._readers[key].poll(chunk, wait_s)
+                        out.extend(self._accept(key, raw))
+                        if len(raw) < chunk:
+                            break
+                        wait_s = 0.0
                 if out:
                     return out
             elif loop.time() < deadline:

@@ -26,6 +26,7 @@ Promises:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import itertools
 import logging
@@ -92,27 +93,32 @@ class XinfraProducerOptions:
 class Positions(Sequence[Position]):
     """The positions of one ``send_batch`` call, in call order, each made when read.
 
-    A call of N records costs three lists of ints here, not N position tuples:
-    every tuple would be an object the garbage collector tracks for as long as
-    the application keeps the result, and on the producer's hot path that
-    tracking costs more than the tuples.
+    A call of N records costs two lists of ints here (and one epoch, unless
+    its records landed in several), not N position tuples: every tuple would
+    be an object the garbage collector tracks for as long as the application
+    keeps the result, and on the producer's hot path that tracking costs more
+    than the tuples.
     """
 
-    __slots__ = ("_epochs", "_offsets", "_shards")
+    __slots__ = ("_epoch", "_epochs", "_offsets", "_shards")
 
     def __init__(self, count: int) -> None:
-        self._epochs = [0] * count
+        self._epoch = -1  # the one epoch of every record placed so far (-1: none yet)
+        self._epochs: list[int] | None = None  # per record, once two epochs were seen
         self._shards = [0] * count
         self._offsets = [0] * count
 
     def place(self, indices: list[int], epoch: int, shard: int, offsets: list[int]) -> None:
         """Record where the records at ``indices`` of the call were stored."""
+        if self._epochs is None and self._epoch not in (-1, epoch):  # a second epoch: per record
+            self._epochs = [self._epoch] * len(self._offsets)
+        if self._epochs is not None:
+            list(map(self._epochs.__setitem__, indices, repeat(epoch)))
+        self._epoch = epoch
         if len(offsets) == len(self._offsets):  # the whole call went to one shard in one batch
-            self._epochs = [epoch] * len(offsets)
             self._shards = [shard] * len(offsets)
             self._offsets = offsets
             return
-        list(map(self._epochs.__setitem__, indices, repeat(epoch)))
         list(map(self._shards.__setitem__, indices, repeat(shard)))
         list(map(self._offsets.__setitem__, indices, offsets))
 
@@ -126,11 +132,19 @@ class Positions(Sequence[Position]):
     def __getitem__(self, index: slice) -> list[Position]: ...
 
     def __getitem__(self, index: int | slice) -> Position | list[Position]:
+        epochs = self._epochs
         if isinstance(index, slice):
+            shards = self._shards[index]
             return list(
-                map(Position, self._epochs[index], self._shards[index], self._offsets[index])
+                map(
+                    Position,
+                    repeat(self._epoch, len(shards)) if epochs is None else epochs[index],
+                    shards,
+                    self._offsets[index],
+                )
             )
-        return Position(self._epochs[index], self._shards[index], self._offsets[index])
+        epoch = self._epoch if epochs is None else epochs[index]
+        return Position(epoch, self._shards[index], self._offsets[index])
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Sequence) and not isinstance(other, str | bytes):
@@ -588,13 +602,11 @@ class XinfraProducer:
             taken = (queue.records, queue.sinks, queue.sizes)
             queue.records, queue.sinks, queue.sizes = [], [], []
             return taken
-        total = 0
-        count = 0
-        for size in queue.sizes[:records_max]:
-            if count and total + size > bytes_max:
-                break
-            total += size
-            count += 1
+        # Running byte totals of the first records_max records (in C): the batch is the longest
+        # prefix within bytes_max, and at least one record.
+        count = max(
+            1, bisect.bisect_right(list(itertools.accumulate(queue.sizes[:records_max])), bytes_max)
+        )
         taken = (queue.records[:count], queue.sinks[:count], queue.sizes[:count])
         del queue.records[:count], queue.sinks[:count], queue.sizes[:count]
         return taken

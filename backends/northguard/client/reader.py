@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections import deque
 from collections.abc import Mapping, Sequence
 from itertools import repeat
 from operator import add
@@ -53,7 +52,8 @@ class NorthguardReader(ShardReader):
         self._view: TopicView | None = None
         self._positions: dict[int, int] = {}
         self._streams: dict[int, ConsumeStream] = {}
-        self._leftover: dict[int, deque[ConsumedRecord]] = {}
+        self._leftover: dict[int, list[ConsumedRecord]] = {}
+        """Decoded records of a shard that did not fit the last poll, oldest first."""
         self._data = asyncio.Event()
         self._next_shard = 0
         self._closed = False
@@ -148,9 +148,10 @@ class NorthguardReader(ShardReader):
                 break
             leftover = self._leftover.get(shard)
             if leftover:
-                while leftover and len(out) < max_records:
-                    out.append(leftover.popleft())
-                self._positions[shard] = out[-1].offset + 1
+                taken = leftover[: max_records - len(out)]
+                del leftover[: len(taken)]
+                out.extend(taken)
+                self._positions[shard] = taken[-1].offset + 1
                 if leftover:
                     continue
             stream = self._streams.get(shard)
@@ -180,7 +181,7 @@ class NorthguardReader(ShardReader):
                 room = max_records - len(out)
                 out.extend(records[:room])
                 if len(records) > room:
-                    self._leftover[shard] = deque(records[room:])
+                    self._leftover[shard] = records[room:]
                 position = base_offset + count if len(records) <= room else out[-1].offset + 1
                 self._positions[shard] = position
         return out
