@@ -47,8 +47,9 @@ from xinfra.model import (
 StartAt = Literal["earliest", "latest"]
 _SHARD_OF = attrgetter("shard")
 _new_tuple = tuple.__new__
-POLL_CHUNK_RECORDS = 512
-"""Records asked of a backend reader at once; ``poll`` asks again, without waiting, for more."""
+ACCEPT_CHUNK_RECORDS = 512
+"""Backend records converted at a time, then dropped: below the collector's young threshold
+(700 allocations), so it never sees both copies of a poll's records."""
 POLL_SLICE_S = 0.05
 """How long one reader is polled before the next gets its turn, when several are active."""
 
@@ -297,16 +298,13 @@ class XinfraConsumer:
                 slice_s = POLL_SLICE_S if len(active) > 1 else max(0.0, deadline - loop.time())
                 out: list[XinfraRecord] = []
                 for key in ordered:
-                    wait_s = min(slice_s, max(0.0, deadline - loop.time()))
-                    while (remaining := max_records - len(out)) > 0:
-                        # In chunks: each chunk of backend records is dropped as soon as it
-                        # is converted, so the collector never sees both copies of a poll.
-                        chunk = min(remaining, POLL_CHUNK_RECORDS)
-                        raw = await self._readers[key].poll(chunk, wait_s)
-                        out.extend(self._accept(key, raw))
-                        if len(raw) < chunk:
-                            break
-                        wait_s = 0.0
+                    remaining = max_records - len(out)
+                    if remaining <= 0:
+                        break
+                    raw = await self._readers[key].poll(
+                        remaining, min(slice_s, max(0.0, deadline - loop.time()))
+                    )
+                    out.extend(self._accept(key, raw))
                 if out:
                     return out
             elif loop.time() < deadline:
@@ -314,7 +312,7 @@ class XinfraConsumer:
             if loop.time() >= deadline:
                 return []
 
-    def _accept(self, key: tuple[str, int], raw: Sequence[ConsumedRecord]) -> list[XinfraRecord]:
+    def _accept(self, key: tuple[str, int], raw: list[ConsumedRecord]) -> list[XinfraRecord]:
         """Keep the records that are next for their cursor, move the cursors past them.
 
         Drops records of unassigned, paused or moved-on shards, records below
@@ -323,38 +321,42 @@ class XinfraConsumer:
         migration target.  A reader returns each shard's records in offset
         order, so a run of one shard that starts at or past its cursor and ends
         before the epoch's end is taken whole, without a look at each record.
+        ``raw`` is consumed: its records are dropped as they are converted.
         """
         topic, epoch_number = key
         ends = _epoch(self._watches[topic].current, epoch_number).end_offsets
         out: list[XinfraRecord] = []
-        for shard, group in itertools.groupby(raw, _SHARD_OF):
-            cursor = self._cursors.get((topic, shard))
-            if cursor is None or cursor.paused or cursor.epoch != epoch_number:
-                continue  # unassigned, paused, or moved on
-            run = list(group)
-            end = ends.get(shard, 0) if ends is not None else None
-            if (
-                cursor.mirror_source is None
-                and run[0].offset >= cursor.offset
-                and (end is None or run[-1].offset < end)
-            ):
-                cursor.offset = run[-1].offset + 1
-                out.extend(map(_new_tuple, repeat(XinfraRecord), map(add, repeat(key), run)))
-                continue
-            for record in run:
-                offset = record.offset
-                if offset < cursor.offset:
-                    continue  # already delivered
-                if end is not None and offset >= end:
-                    break  # written after the virtual seal: not part of the topic
-                cursor.offset = offset + 1
-                if cursor.mirror_source is not None:
-                    mirrored = mirrored_position(record.headers)
-                    if mirrored is not None and mirrored.epoch == cursor.mirror_source[0]:
-                        if mirrored.offset < cursor.mirror_source[1]:
-                            continue  # delivered from the source epoch already
-                        cursor.mirror_source = None  # past the mirrored prefix
-                out.append(XinfraRecord(topic, epoch_number, *record))
+        while raw:
+            piece = raw[:ACCEPT_CHUNK_RECORDS]
+            del raw[:ACCEPT_CHUNK_RECORDS]
+            for shard, group in itertools.groupby(piece, _SHARD_OF):
+                cursor = self._cursors.get((topic, shard))
+                if cursor is None or cursor.paused or cursor.epoch != epoch_number:
+                    continue  # unassigned, paused, or moved on
+                run = list(group)
+                end = ends.get(shard, 0) if ends is not None else None
+                if (
+                    cursor.mirror_source is None
+                    and run[0].offset >= cursor.offset
+                    and (end is None or run[-1].offset < end)
+                ):
+                    cursor.offset = run[-1].offset + 1
+                    out.extend(map(_new_tuple, repeat(XinfraRecord), map(add, repeat(key), run)))
+                    continue
+                for record in run:
+                    offset = record.offset
+                    if offset < cursor.offset:
+                        continue  # already delivered
+                    if end is not None and offset >= end:
+                        break  # written after the virtual seal: not part of the topic
+                    cursor.offset = offset + 1
+                    if cursor.mirror_source is not None:
+                        mirrored = mirrored_position(record.headers)
+                        if mirrored is not None and mirrored.epoch == cursor.mirror_source[0]:
+                            if mirrored.offset < cursor.mirror_source[1]:
+                                continue  # delivered from the source epoch already
+                            cursor.mirror_source = None  # past the mirrored prefix
+                    out.append(XinfraRecord(topic, epoch_number, *record))
         return out
 
     async def _advance_epochs(self) -> None:

@@ -103,7 +103,8 @@ class ShardReader(abc.ABC):
         """Up to ``max_records`` committed records from the assigned shards.
 
         Each shard's records come in offset order, continuing where the last
-        poll stopped.  Returns an empty list when nothing arrives in time.
+        poll stopped.  Returns an empty list when nothing arrives in time.  The
+        list is a new one, the caller's to keep or consume.
         """
 
     @abc.abstractmethod
