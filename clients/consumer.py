@@ -27,7 +27,7 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from operator import add, attrgetter
+from operator import attrgetter
 from typing import Literal, NamedTuple, Protocol
 
 from clients.metadata import MetadataSource, TopicWatch, fetch_metadata
@@ -42,11 +42,11 @@ from xinfra.model import (
     Position,
     TopicMetadata,
     mirrored_position,
+    prefixed,
 )
 
 StartAt = Literal["earliest", "latest"]
 _SHARD_OF = attrgetter("shard")
-_new_tuple = tuple.__new__
 ACCEPT_CHUNK_RECORDS = 512
 """Backend records converted at a time, then dropped: below the collector's young threshold
 (700 allocations), so it never sees both copies of a poll's records."""
@@ -341,7 +341,7 @@ class XinfraConsumer:
                     and (end is None or run[-1].offset < end)
                 ):
                     cursor.offset = run[-1].offset + 1
-                    out.extend(map(_new_tuple, repeat(XinfraRecord), map(add, repeat(key), run)))
+                    out.extend(prefixed(XinfraRecord, repeat(key), run))
                     continue
                 for record in run:
                     offset = record.offset

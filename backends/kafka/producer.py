@@ -197,11 +197,7 @@ class KafkaShardProducer(ShardProducer):
         self._buffered_records += len(records)
         self._produce(batch, records, plain)
         self._producer.poll(0)  # reports of earlier sends that are ready: no wait, no thread
-        tick = self._tick
-        if tick is None or tick.when() > loop.time() + POLL_TICK_S:  # idle pace: speed up
-            if tick is not None:
-                tick.cancel()
-            self._tick = loop.call_later(POLL_TICK_S, self._on_tick)
+        self._tick_soon()
         return batch.future
 
     def _check_room(self, count: int, size: int) -> None:
@@ -304,8 +300,18 @@ class KafkaShardProducer(ShardProducer):
 
     def _start_ticking(self, loop: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
         self._loop = loop
-        self._tick = loop.call_later(POLL_TICK_S, self._on_tick)
+        self._tick_soon()
         return loop
+
+    def _tick_soon(self) -> None:
+        """Poll within ``POLL_TICK_S``: bring an idle-paced (or no) tick forward."""
+        loop = self._loop
+        assert loop is not None
+        tick = self._tick
+        if tick is None or tick.when() > loop.time() + POLL_TICK_S:
+            if tick is not None:
+                tick.cancel()
+            self._tick = loop.call_later(POLL_TICK_S, self._on_tick)
 
     def _on_tick(self) -> None:
         """Serve delivery reports, errors and logs; again soon while sends are in flight.

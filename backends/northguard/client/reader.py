@@ -21,7 +21,6 @@ import contextlib
 import itertools
 from collections.abc import Mapping, Sequence
 from itertools import repeat
-from operator import add
 
 from backends.northguard.batch import check_batch, decode_batch
 from backends.northguard.client.admin import AdminClient, TopicView
@@ -30,10 +29,9 @@ from backends.northguard.protocol import CONSUME_WINDOW_BYTES_MAX
 from backends.northguard.runtime import Runtime
 from xinfra.backend import ReaderOptions, ShardReader
 from xinfra.errors import XinfraError
-from xinfra.model import ConsumedRecord
+from xinfra.model import ConsumedRecord, prefixed
 
 WINDOW_BYTES_MIN = 256 << 10
-_new_tuple = tuple.__new__
 
 
 class NorthguardReader(ShardReader):
@@ -166,16 +164,12 @@ class NorthguardReader(ShardReader):
                 if base_offset + count <= position:
                     continue
                 skip = max(0, position - base_offset)
-                # (shard, offset) + (ts, key, value, headers), made a ConsumedRecord in C.
-                records: list[ConsumedRecord] = list(
-                    map(
-                        _new_tuple,
-                        repeat(ConsumedRecord),
-                        map(
-                            add,
-                            zip(repeat(shard), itertools.count(base_offset + skip)),
-                            decode_batch(batch, skip),
-                        ),
+                # (shard, offset) + (ts, key, value, headers)
+                records = list(
+                    prefixed(
+                        ConsumedRecord,
+                        zip(repeat(shard), itertools.count(base_offset + skip)),
+                        decode_batch(batch, skip),
                     )
                 )
                 room = max_records - len(out)
