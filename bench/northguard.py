@@ -1,22 +1,39 @@
 """Northguard beside tansu, same machine, same run: produce and consume throughput, produce latency.
 
 Starts a Northguard broker (fps store: WAL + fsync on every group commit) and
-a tansu broker (memory storage, no fsync), both on free ports, then measures:
+a tansu broker (memory storage, no fsync), both on free ports.  Every round
+(4 by default: an even count, so each side goes first as often) measures, on fresh topics of ``--shards`` shards, with the side that goes
+first alternating from round to round:
 
-* produce throughput, 100-byte and 1 KiB values: Northguard through
-  ``NorthguardBackend`` (``send`` of ``--batch`` records per call, round-robin
-  over ``--shards`` shards, a bounded number of calls in flight); tansu through
-  a bare confluent-kafka producer with ``acks=all`` (``produce`` per record,
-  the partition named);
-* consume throughput over the 100-byte topic: ``ShardReader.poll`` against
-  ``Consumer.consume``, both touching every field of every record;
-* produce latency at a fixed rate (``--rate`` records/s, 10k by default):
-  a paced loop sends a small batch every millisecond and records send-to-ack
-  time of each call (Northguard) or each record (tansu).
+* produce, 100 B and 1 KiB values: both sides start from the same raw values
+  (bytes) and build what their API takes inside the timed loop: Northguard a
+  ``Record`` per value, sent ``--batch`` at a time with
+  ``NorthguardBackend``'s ``ShardProducer.send`` (as many calls in flight as
+  its buffer allows); tansu gets the bytes through a confluent-kafka producer
+  (``produce`` per record, partition named).  Same linger (5 ms), same batch
+  limit (1 MiB), same shard of each record.  Every send's outcome is checked
+  (offsets returned / delivery reports without error);
+* consume of the 100 B topic just written: ``ShardReader.poll`` against
+  ``Consumer.consume`` (prefetch bound 32 MiB both), each checking the count,
+  a checksum of the values and offset continuity per shard, inside the timed
+  loop;
+* produce latency, open-loop: ``--rate`` records/s scheduled for
+  ``--latency-s``; each record's latency counts from its scheduled time
+  (``report.OpenLoop``), so a stall shows in every record due during it.
+  Same linger (1 ms) both sides.  Like every timed loop here, it runs under
+  ``frozen_heap``: what the bench process holds from other phases is not
+  rescanned by the collector; what the clients allocate is collected as usual.
 
-Ratios are Northguard / tansu in this run.  Tansu keeps data in memory, so
-the comparison favours it: Northguard fsyncs every acknowledged record.
-Progress goes to stderr; the last line of stdout is the one JSON object.
+The peer is tuned as its experts would run it (its configuration is in the
+JSON ``config``): idempotent ``acks=all`` producer with the same linger and
+batch limit, consumer with ``fetch.queue.backoff.ms`` low, a large prefetch
+and a short ``fetch.wait.max.ms``.  Tansu keeps data in memory (no fsync):
+the comparison favours it, ``machine.peer`` says so.  The Northguard broker's
+own counters (flushes, fsyncs, read-cache hits) for the run, the data
+directory's filesystem and whether O_DIRECT was granted are in ``machine``.
+
+Targets: Northguard produce p99 at 10k records/s < 20 ms (hard); the ratios
+against tansu are reported (``"hard": false``): leading tansu is a later issue.
 
     .venv/bin/python bench/northguard.py --quick
 """
@@ -26,19 +43,32 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
 import confluent_kafka
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
-from report import emit, target  # bench/report.py: the shape every bench prints
+from report import (  # bench/report.py: what every bench shares
+    OpenLoop,
+    Rounds,
+    alternating,
+    bench_parser,
+    delta,
+    finish,
+    frozen_heap,
+    guard,
+    latency_figures,
+    prometheus_counters,
+    report_only,
+    rounds_of,
+    storage_facts,
+    target,
+)
 
-from backends.kafka.backend import KafkaBackend
-from backends.kafka.config import producer_config, reader_config
 from backends.northguard.backend import NorthguardBackend
 from backends.northguard.launcher import start_northguard_broker
 from xinfra.backend import ProducerOptions, ReaderOptions, ShardProducer
@@ -48,84 +78,204 @@ from xinfra.model import ClusterKind, PhysicalCluster, Record
 from xinfra.services.kafka import start_kafka
 
 POLL_RECORDS = 10_000
-IN_FLIGHT_CALLS_MAX = 64
+VALUE_POOL = 4096  # distinct values cycled through; the checksum covers every record read
+LINGER_MS = 5.0
+LATENCY_LINGER_MS = 1.0
+BATCH_BYTES_MAX = 1 << 20
+BUFFER_BYTES_MAX = 64 << 20
+FETCH_BYTES_MAX = 32 << 20
+SIDES = ("northguard", "tansu")
 
 
 def progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    print(f"[bench northguard] {message}", file=sys.stderr, flush=True)
 
 
-def options() -> ProducerOptions:
-    return ProducerOptions(linger_ms=5.0, batch_bytes_max=1 << 20, buffer_bytes_max=64 << 20)
+def ng_options(linger_ms: float) -> ProducerOptions:
+    return ProducerOptions(
+        linger_ms=linger_ms, batch_bytes_max=BATCH_BYTES_MAX, buffer_bytes_max=BUFFER_BYTES_MAX
+    )
+
+
+def kafka_producer_config(bootstrap: str, linger_ms: float) -> dict[str, Any]:
+    """What a Kafka engineer runs for throughput with acks=all: same linger and batch limit as ours."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": linger_ms,
+        "batch.size": BATCH_BYTES_MAX,
+        "queue.buffering.max.kbytes": BUFFER_BYTES_MAX >> 10,
+        "queue.buffering.max.messages": 1_000_000,
+        "compression.type": "none",
+    }
+
+
+def kafka_consumer_config(bootstrap: str) -> dict[str, Any]:
+    """An assign-only reader tuned for throughput: no 1 s backoff on a full prefetch queue."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "group.id": "bench-northguard-peer",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": False,
+        "auto.offset.reset": "earliest",
+        "fetch.queue.backoff.ms": 1,
+        "queued.max.messages.kbytes": FETCH_BYTES_MAX >> 10,
+        "queued.min.messages": 1_000_000,
+        "fetch.max.bytes": FETCH_BYTES_MAX,
+        "max.partition.fetch.bytes": 8 << 20,
+        "fetch.wait.max.ms": 10,
+    }
+
+
+def make_values(size: int) -> list[bytes]:
+    return [os.urandom(size) for _ in range(VALUE_POOL)]
+
+
+def expected_checksum(values: list[bytes], count: int) -> int:
+    """Sum of CRC32s of the ``count`` values the produce loops sent (``values[i % pool]``)."""
+    crcs = [zlib.crc32(v) for v in values]
+    full, rest = divmod(count, len(values))
+    return (full * sum(crcs) + sum(crcs[:rest])) & 0xFFFFFFFFFFFFFFFF
+
+
+def shard_ends(count: int, batch: int, shards: int) -> dict[int, int]:
+    """Records per shard when record ``n`` goes to shard ``(n // batch) % shards``."""
+    ends = dict.fromkeys(range(shards), 0)
+    for start in range(0, count, batch):
+        ends[(start // batch) % shards] += min(batch, count - start)
+    return ends
 
 
 # -- Northguard ------------------------------------------------------------------------------------
 
 
 async def ng_produce(
-    producer: ShardProducer, count: int, size: int, args: argparse.Namespace
+    producer: ShardProducer, values: list[bytes], count: int, args: argparse.Namespace
 ) -> float:
-    value = os.urandom(size)
-    batch = [Record(value=value) for _ in range(args.batch)]
-    in_flight: set[asyncio.Future[list[int]]] = set()
-    started = time.perf_counter()
-    sent = 0
-    shard = 0
-    while sent < count:
-        try:
-            future = producer.send(shard, batch)
-        except Backpressure:
-            await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-            continue
-        in_flight.add(future)
-        future.add_done_callback(in_flight.discard)
-        sent += len(batch)
-        shard = (shard + 1) % args.shards
-        if len(in_flight) >= IN_FLIGHT_CALLS_MAX:
-            await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-    await producer.flush()
-    return time.perf_counter() - started
+    """Records/s; ``Record`` objects are built inside the timed loop, every send's offsets checked."""
+    pool = len(values)
+    batch_n = args.batch
+    shards = args.shards
+    acked = [0]
+    failures: list[BaseException] = []
+    pending: set[asyncio.Future[list[int]]] = set()
+
+    def on_done(future: asyncio.Future[list[int]]) -> None:
+        pending.discard(future)
+        error = future.exception()
+        if error is not None:
+            failures.append(error)
+        else:
+            acked[0] += len(future.result())
+
+    with frozen_heap():
+        started = time.perf_counter()
+        n = 0
+        while n < count:
+            end = min(n + batch_n, count)
+            records = [Record(values[i % pool]) for i in range(n, end)]
+            shard = (n // batch_n) % shards
+            while True:
+                try:
+                    future = producer.send(shard, records)
+                    break
+                except Backpressure:
+                    await asyncio.wait(set(pending), return_when=asyncio.FIRST_COMPLETED)
+            pending.add(future)
+            future.add_done_callback(on_done)
+            n = end
+        await producer.flush()
+        elapsed = time.perf_counter() - started
+    if failures or acked[0] != count:
+        raise AssertionError(f"northguard produce: {acked[0]}/{count} acked, {failures[:3]}")
+    return count / elapsed
 
 
-async def ng_read(
-    backend: NorthguardBackend, topic: str, total: int, args: argparse.Namespace
+async def ng_consume(
+    backend: NorthguardBackend,
+    topic: str,
+    count: int,
+    checksum: int,
+    ends: dict[int, int],
+    args: argparse.Namespace,
 ) -> float:
-    reader = backend.reader(topic, ReaderOptions(fetch_bytes_max=32 << 20))
+    """Records/s reading ``topic`` from the start, checking count, checksum and offsets inline."""
+    reader = backend.reader(topic, ReaderOptions(fetch_bytes_max=FETCH_BYTES_MAX))
+    crc32 = zlib.crc32
     got = 0
-    size = 0
-    started = time.perf_counter()
-    reader.assign(dict.fromkeys(range(args.shards), 0))
-    while got < total:
-        for record in await reader.poll(max_records=POLL_RECORDS, timeout_s=1.0):
-            _ = (record.shard, record.offset, record.timestamp_ms, record.key, record.headers)
-            size += len(record.value or b"")
-            got += 1
-    elapsed = time.perf_counter() - started
-    await reader.close()
-    assert got == total, got
-    return elapsed
+    total = 0
+    next_offset = dict.fromkeys(range(args.shards), 0)
+    gaps = 0
+    try:
+        with frozen_heap():
+            started = time.perf_counter()
+            reader.assign(dict.fromkeys(range(args.shards), 0))
+            while got < count:
+                records = await reader.poll(max_records=POLL_RECORDS, timeout_s=5.0)
+                if not records:
+                    raise AssertionError(f"northguard consume stalled at {got}/{count}")
+                for record in records:
+                    shard = record.shard
+                    if record.offset != next_offset[shard]:
+                        gaps += 1
+                    next_offset[shard] = record.offset + 1
+                    total += crc32(record.value)
+                got += len(records)
+            elapsed = time.perf_counter() - started
+    finally:
+        await reader.close()
+    check_read("northguard", got, count, total, checksum, gaps, next_offset, ends)
+    return count / elapsed
 
 
 async def ng_latency(producer: ShardProducer, args: argparse.Namespace) -> list[float]:
-    """Send ``rate/1000`` records every millisecond for ``latency_s``; send-to-ack times in ms."""
-    per_tick = max(1, args.rate // 1000)
+    """Open-loop at ``args.rate``: latency of each record from its scheduled time, in ms.
+
+    Like the tansu side, nothing of a send outlives its acknowledgement (the
+    outcome is checked in its callback): a list of every future would only
+    grow the heap the collector scans during the run.
+    """
+    with frozen_heap():
+        return await _ng_latency(producer, args)
+
+
+async def _ng_latency(producer: ShardProducer, args: argparse.Namespace) -> list[float]:
     value = os.urandom(100)
+    schedule = OpenLoop(args.rate, args.latency_s)
     latencies: list[float] = []
-    loop = asyncio.get_running_loop()
-    ticks = int(args.latency_s * 1000)
-    started = loop.time()
-    futures = []
-    for tick in range(ticks):
-        delay = started + tick / 1000 - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        sent_at = time.perf_counter()
-        future = producer.send(tick % args.shards, [Record(value=value) for _ in range(per_tick)])
-        future.add_done_callback(
-            lambda _, t=sent_at: latencies.append((time.perf_counter() - t) * 1000)
-        )
-        futures.append(future)
-    await asyncio.gather(*futures)
+    failures: list[BaseException] = []
+    pending: set[asyncio.Future[list[int]]] = set()
+    shards = args.shards
+
+    def acked(first: int, future: asyncio.Future[list[int]]) -> None:
+        pending.discard(future)
+        if future.exception() is not None:
+            failures.append(future.exception())  # type: ignore[arg-type]
+            return
+        now = time.perf_counter()
+        for i in range(first, first + len(future.result()) * shards, shards):
+            latencies.append((now - schedule.scheduled(i)) * 1000)
+
+    schedule.begin()
+    while not schedule.done:
+        wait = schedule.wait_s()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        due = schedule.due()
+        for shard in range(shards):
+            first = due.start + (shard - due.start) % shards
+            indices = range(first, due.stop, shards)
+            if not indices:
+                continue
+            future = producer.send(indices[0] % shards, [Record(value) for _ in indices])
+            future.add_done_callback(lambda f, first=indices[0]: acked(first, f))
+            pending.add(future)
+    if pending:
+        await asyncio.wait(set(pending))
+    if failures or len(latencies) != schedule.total:
+        raise AssertionError(f"northguard latency: {len(latencies)} acked, {failures[:3]}")
     return latencies
 
 
@@ -133,206 +283,349 @@ async def ng_latency(producer: ShardProducer, args: argparse.Namespace) -> list[
 
 
 def kafka_produce(
-    bootstrap: str, topic: str, count: int, size: int, args: argparse.Namespace
+    bootstrap: str, topic: str, values: list[bytes], count: int, args: argparse.Namespace
 ) -> float:
-    producer = Producer(producer_config(bootstrap, options()))
-    value = os.urandom(size)
+    producer = Producer(kafka_producer_config(bootstrap, LINGER_MS))
     acked = [0]
     errors: list[KafkaError] = []
 
     def on_delivery(error: KafkaError | None, message: Message) -> None:
         if error is not None:
             errors.append(error)
-        acked[0] += 1
+        else:
+            acked[0] += 1
 
-    producer.produce(topic, value, None, 0, on_delivery)  # warm: connection, producer id
+    producer.produce(topic, b"warm", None, 0, on_delivery)  # connection, producer id
     producer.flush(30)
     acked[0] = 0
     produce, poll = producer.produce, producer.poll
-    started = time.perf_counter()
-    for n in range(count):
-        while True:
-            try:
-                produce(topic, value, None, (n // args.batch) % args.shards, on_delivery)
-                break
-            except BufferError:
-                poll(0.01)
-        if n % 1000 == 999:
-            poll(0)
-    producer.flush(120)
-    elapsed = time.perf_counter() - started
-    assert not errors and acked[0] == count, (errors[:3], acked[0])
-    return elapsed
+    pool = len(values)
+    batch_n = args.batch
+    shards = args.shards
+    with frozen_heap():
+        started = time.perf_counter()
+        for n in range(count):
+            value = values[n % pool]
+            partition = (n // batch_n) % shards
+            while True:
+                try:
+                    produce(topic, value, None, partition, on_delivery)
+                    break
+                except BufferError:
+                    poll(0.005)
+            if n % 1000 == 999:
+                poll(0)
+        producer.flush(120)
+        elapsed = time.perf_counter() - started
+    if errors or acked[0] != count:
+        raise AssertionError(f"tansu produce: {acked[0]}/{count} acked, {errors[:3]}")
+    return count / elapsed
 
 
-def kafka_read(bootstrap: str, topic: str, total: int, args: argparse.Namespace) -> float:
-    consumer = Consumer(reader_config(bootstrap, ReaderOptions(fetch_bytes_max=32 << 20)))
+def kafka_consume(
+    bootstrap: str,
+    topic: str,
+    count: int,
+    checksum: int,
+    ends: dict[int, int],
+    args: argparse.Namespace,
+) -> float:
+    consumer = Consumer(kafka_consumer_config(bootstrap))
+    crc32 = zlib.crc32
     got = 0
-    size = 0
-    started = time.perf_counter()
-    consumer.assign([TopicPartition(topic, shard, 0) for shard in range(args.shards)])
-    while got < total:
-        for message in consumer.consume(POLL_RECORDS, 1.0):
-            if message.error() is None:
-                _ = (message.partition(), message.offset(), message.timestamp())
-                _ = (message.key(), message.headers())
-                size += len(message.value() or b"")
-                got += 1
-    elapsed = time.perf_counter() - started
-    consumer.close()
-    assert got >= total, got
-    return elapsed
+    total = 0
+    # the warm-up record sits at offset 0 of partition 0
+    next_offset = {shard: 1 if shard == 0 else 0 for shard in range(args.shards)}
+    gaps = 0
+    try:
+        with frozen_heap():
+            started = time.perf_counter()
+            consumer.assign(
+                [TopicPartition(topic, shard, next_offset[shard]) for shard in range(args.shards)]
+            )
+            while got < count:
+                messages = consumer.consume(POLL_RECORDS, 5.0)
+                if not messages:
+                    raise AssertionError(f"tansu consume stalled at {got}/{count}")
+                for message in messages:
+                    if message.error() is not None:
+                        raise AssertionError(f"tansu consume: {message.error()}")
+                    shard = message.partition()
+                    offset = message.offset()
+                    if offset != next_offset[shard]:
+                        gaps += 1
+                    next_offset[shard] = offset + 1
+                    total += crc32(message.value())
+                got += len(messages)
+            elapsed = time.perf_counter() - started
+    finally:
+        consumer.close()
+    ends = {shard: end + (1 if shard == 0 else 0) for shard, end in ends.items()}
+    check_read("tansu", got, count, total, checksum, gaps, next_offset, ends)
+    return count / elapsed
 
 
 def kafka_latency(bootstrap: str, topic: str, args: argparse.Namespace) -> list[float]:
-    producer = Producer({**producer_config(bootstrap, options()), "linger.ms": 1})
+    with frozen_heap():
+        return _kafka_latency(bootstrap, topic, args)
+
+
+def _kafka_latency(bootstrap: str, topic: str, args: argparse.Namespace) -> list[float]:
+    producer = Producer(kafka_producer_config(bootstrap, LATENCY_LINGER_MS))
     value = os.urandom(100)
     latencies: list[float] = []
-    per_tick = max(1, args.rate // 1000)
+    errors: list[KafkaError] = []
+    schedule = OpenLoop(args.rate, args.latency_s)
+    shards = args.shards
+
+    def delivered(index: int, error: KafkaError | None, message: Message) -> None:
+        if error is not None:
+            errors.append(error)
+        else:
+            latencies.append((time.perf_counter() - schedule.scheduled(index)) * 1000)
+
     producer.produce(topic, value, None, 0)
     producer.flush(30)
-    started = time.perf_counter()
-    for tick in range(int(args.latency_s * 1000)):
-        delay = started + tick / 1000 - time.perf_counter()
-        if delay > 0:
-            producer.poll(delay)
-        for _ in range(per_tick):
-            sent_at = time.perf_counter()
-            producer.produce(
+    produce, poll = producer.produce, producer.poll
+    schedule.begin()
+    while not schedule.done:
+        wait = schedule.wait_s()
+        if wait > 0:
+            poll(wait)
+        for i in schedule.due():
+            produce(
                 topic,
                 value,
                 None,
-                tick % args.shards,
-                lambda error, message, t=sent_at: latencies.append(
-                    (time.perf_counter() - t) * 1000
-                ),
+                i % shards,
+                lambda error, message, i=i: delivered(i, error, message),
             )
-        producer.poll(0)
+        poll(0)
     producer.flush(60)
+    if errors or len(latencies) != schedule.total:
+        raise AssertionError(f"tansu latency: {len(latencies)} acked, {errors[:3]}")
     return latencies
 
 
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+def check_read(
+    side: str,
+    got: int,
+    count: int,
+    total: int,
+    checksum: int,
+    gaps: int,
+    next_offset: dict[int, int],
+    ends: dict[int, int],
+) -> None:
+    problems = []
+    if got != count:
+        problems.append(f"read {got} records, expected {count}")
+    if total & 0xFFFFFFFFFFFFFFFF != checksum:
+        problems.append("value checksum differs")
+    if gaps:
+        problems.append(f"{gaps} offset gaps")
+    if next_offset != ends:
+        problems.append(f"shard ends {next_offset}, expected {ends}")
+    if problems:
+        raise AssertionError(f"{side} consume: " + "; ".join(problems))
 
 
 # -- the run -----------------------------------------------------------------------------------------
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
-    figures: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="bench-northguard-") as run_dir:
-        tansu = start_kafka(Path(run_dir))
-        northguard = start_northguard_broker(
-            Path(run_dir) / "ng-data", log_path=Path(run_dir) / "ng.log"
-        )
-        try:
-            kafka = KafkaBackend(
-                PhysicalCluster(name="k", kind=ClusterKind.KAFKA, bootstrap=tansu.url)
+async def one_round(
+    number: int,
+    order: list[str],
+    ng: NorthguardBackend,
+    kafka_url: str,
+    values: dict[int, list[bytes]],
+    args: argparse.Namespace,
+    rounds: Rounds,
+) -> None:
+    """Produce 100 B, produce 1 KiB, consume, latency; each step runs both sides in ``order``."""
+    from backends.kafka.backend import KafkaBackend
+
+    kafka = KafkaBackend(PhysicalCluster(name="k", kind=ClusterKind.KAFKA, bootstrap=kafka_url))
+    topics = {kind: f"r{number}-{kind}" for kind in ("p100", "p1k", "lat")}
+    for name in topics.values():
+        await kafka.create_topic(name, shard_ranges(args.shards))
+        await ng.create_topic(name, shard_ranges(args.shards))
+    await kafka.close()
+
+    for label, size, count in (("100b", 100, args.records), ("1k", 1024, args.records // 4)):
+        topic = topics["p100" if size == 100 else "p1k"]
+        for side in order:
+            if side == "northguard":
+                producer = ng.producer(topic, ng_options(LINGER_MS))
+                rate = await ng_produce(producer, values[size], count, args)
+                await producer.close()
+            else:
+                rate = await asyncio.to_thread(
+                    kafka_produce, kafka_url, topic, values[size], count, args
+                )
+            rounds.add(f"{side}_produce_{label}_records_per_s", rate)
+            rounds.add(f"{side}_produce_{label}_mb_per_s", rate * size / 1e6)
+        progress(
+            f"round {number} produce {label}: "
+            + ", ".join(
+                f"{side} {rounds.values[f'{side}_produce_{label}_records_per_s'][-1]:,.0f}/s"
+                for side in SIDES
             )
+        )
+
+    count = args.records
+    checksum = expected_checksum(values[100], count)
+    ends = shard_ends(count, args.batch, args.shards)
+    for side in order:
+        if side == "northguard":
+            rate = await ng_consume(ng, topics["p100"], count, checksum, ends, args)
+        else:
+            rate = await asyncio.to_thread(
+                kafka_consume, kafka_url, topics["p100"], count, checksum, ends, args
+            )
+        rounds.add(f"{side}_consume_100b_records_per_s", rate)
+    progress(
+        f"round {number} consume 100b: "
+        + ", ".join(
+            f"{side} {rounds.values[f'{side}_consume_100b_records_per_s'][-1]:,.0f}/s"
+            for side in SIDES
+        )
+    )
+
+    for side in order:
+        if side == "northguard":
+            producer = ng.producer(topics["lat"], ng_options(LATENCY_LINGER_MS))
+            await producer.send(0, [Record(b"warm")])
+            latencies = await ng_latency(producer, args)
+            await producer.close()
+        else:
+            latencies = await asyncio.to_thread(kafka_latency, kafka_url, topics["lat"], args)
+        rounds.update(latency_figures(f"{side}_produce_latency_ms", latencies))
+    progress(
+        f"round {number} open-loop latency at {args.rate}/s: "
+        + ", ".join(
+            f"{side} p50 {rounds.values[f'{side}_produce_latency_ms_p50'][-1]} "
+            f"p99 {rounds.values[f'{side}_produce_latency_ms_p99'][-1]} ms"
+            for side in SIDES
+        )
+    )
+
+
+async def run(args: argparse.Namespace) -> tuple[Rounds, dict[str, Any]]:
+    rounds = Rounds()
+    facts: dict[str, Any] = {}
+    values = {100: make_values(100), 1024: make_values(1024)}
+    with tempfile.TemporaryDirectory(prefix="bench-northguard-") as run_dir:
+        data_dir = Path(run_dir) / "ng-data"
+        tansu = start_kafka(Path(run_dir))
+        northguard = start_northguard_broker(data_dir, log_path=Path(run_dir) / "ng.log")
+        metrics_url = f"http://127.0.0.1:{northguard.http_port}/metrics"
+        try:
             ng = NorthguardBackend(
                 PhysicalCluster(name="ng", kind=ClusterKind.NORTHGUARD, bootstrap=northguard.url)
             )
-            for name in ("p100", "p1k", "lat"):
-                await kafka.create_topic(name, shard_ranges(args.shards))
-                await ng.create_topic(name, shard_ranges(args.shards))
-            await kafka.close()
             progress(f"northguard at {northguard.url}, tansu at {tansu.url}")
-
-            for label, size, count in (
-                ("100b", 100, args.records),
-                ("1k", 1024, args.records // 4),
-            ):
-                topic = "p100" if size == 100 else "p1k"
-                producer = ng.producer(topic, options())
-                await ng_produce(producer, args.batch * args.shards, size, args)  # warm up
-                ng_s = await ng_produce(producer, count, size, args)
-                await producer.close()
-                kafka_s = await asyncio.to_thread(
-                    kafka_produce, tansu.url, topic, count, size, args
-                )
-                for peer, seconds in (("northguard", ng_s), ("tansu", kafka_s)):
-                    figures[f"{peer}_produce_{label}_records_per_s"] = round(count / seconds)
-                    figures[f"{peer}_produce_{label}_mb_per_s"] = round(
-                        count * size / seconds / 1e6, 1
-                    )
-                progress(
-                    f"produce {label}: northguard {count / ng_s:,.0f} rec/s, tansu {count / kafka_s:,.0f} rec/s"
-                )
-
-            total = args.records + args.batch * args.shards
-            ng_read_s = await ng_read(ng, "p100", total, args)
-            kafka_read_s = await asyncio.to_thread(
-                kafka_read, tansu.url, "p100", args.records, args
-            )
-            figures["northguard_consume_100b_records_per_s"] = round(total / ng_read_s)
-            figures["tansu_consume_100b_records_per_s"] = round(args.records / kafka_read_s)
-            progress(
-                f"consume: northguard {total / ng_read_s:,.0f} rec/s, "
-                f"tansu {args.records / kafka_read_s:,.0f} rec/s"
-            )
-
-            producer = ng.producer("lat", ProducerOptions(linger_ms=1.0))
-            await producer.send(0, [Record(value=b"warm")])
-            ng_lat = await ng_latency(producer, args)
+            # warm both sides (connections, code paths) on a topic of their own
+            await ng.create_topic("warm", shard_ranges(args.shards))
+            producer = ng.producer("warm", ng_options(LINGER_MS))
+            await ng_produce(producer, values[100], args.batch * args.shards * 4, args)
             await producer.close()
-            kafka_lat = await asyncio.to_thread(kafka_latency, tansu.url, "lat", args)
-            for peer, latencies in (("northguard", ng_lat), ("tansu", kafka_lat)):
-                figures[f"{peer}_produce_latency_ms_p50"] = round(statistics.median(latencies), 2)
-                figures[f"{peer}_produce_latency_ms_p99"] = round(percentile(latencies, 0.99), 2)
-            progress(
-                f"latency at {args.rate} rec/s: northguard p50 {figures['northguard_produce_latency_ms_p50']} "
-                f"p99 {figures['northguard_produce_latency_ms_p99']} ms; tansu p50 "
-                f"{figures['tansu_produce_latency_ms_p50']} p99 {figures['tansu_produce_latency_ms_p99']} ms"
-            )
+            before = prometheus_counters(metrics_url, "northguard_")
+            for number, order in enumerate(alternating(args.rounds, list(SIDES))):
+                await one_round(number, order, ng, tansu.url, values, args, rounds)
+            after = prometheus_counters(metrics_url, "northguard_")
             await ng.close()
+            facts = broker_facts(delta(before, after), after, data_dir)
         finally:
             northguard.stop()
             tansu.stop()
-    figures["produce_100b_ratio"] = round(
-        figures["northguard_produce_100b_records_per_s"]
-        / figures["tansu_produce_100b_records_per_s"],
-        3,
-    )
-    figures["consume_100b_ratio"] = round(
-        figures["northguard_consume_100b_records_per_s"]
-        / figures["tansu_consume_100b_records_per_s"],
-        3,
-    )
-    return figures
+    for kind in ("produce_100b", "produce_1k", "consume_100b"):
+        rounds.ratio(
+            f"{kind}_ratio", f"northguard_{kind}_records_per_s", f"tansu_{kind}_records_per_s"
+        )
+    return rounds, facts
+
+
+def broker_facts(counts: dict[str, float], now: dict[str, float], data_dir: Path) -> dict[str, Any]:
+    """The Northguard broker's own counters over the measured rounds, and where its data lives."""
+    flushes = counts.get("northguard_store_flushes_total", 0.0)
+    fsyncs = counts.get("northguard_store_fsyncs_total", 0.0)
+    records = counts.get("northguard_store_flushed_records_total", 0.0)
+    flush_s = counts.get("northguard_store_flush_seconds_total", 0.0)
+    hits = counts.get("northguard_store_cache_hits_total", 0.0)
+    misses = counts.get("northguard_store_cache_misses_total", 0.0)
+    return {
+        **storage_facts(data_dir),
+        "northguard_flushes": int(flushes),
+        "northguard_fsyncs": int(fsyncs),
+        "northguard_records_made_durable": int(records),
+        "northguard_records_per_fsync": round(records / fsyncs, 1) if fsyncs else None,
+        "northguard_flush_ms_mean": round(flush_s / flushes * 1000, 2) if flushes else None,
+        "northguard_read_cache_hit_rate": round(hits / (hits + misses), 3)
+        if hits + misses
+        else None,
+        "northguard_segments_direct_io": [
+            int(now.get("northguard_store_segments_direct_io", 0)),
+            int(now.get("northguard_store_segments", 0)),
+        ],
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="a reduced run, under a minute")
+    parser = bench_parser(__doc__, rounds_default=4)  # even: each side goes first as often
     parser.add_argument("--records", type=int, default=0, help="100-byte records per produce run")
-    parser.add_argument("--batch", type=int, default=1000, help="records per send call")
+    parser.add_argument("--batch", type=int, default=1000, help="records per send call / shard run")
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--rate", type=int, default=10_000, help="records/s of the latency run")
     parser.add_argument("--latency-s", type=float, default=0.0, help="seconds of the latency run")
     args = parser.parse_args()
+    args.rounds = rounds_of(args)
     args.records = args.records or (200_000 if args.quick else 1_000_000)
     args.latency_s = args.latency_s or (3.0 if args.quick else 10.0)
-    figures = asyncio.run(run(args))
+    rounds, facts = asyncio.run(run(args))
+    figures = rounds.figures()
+    figures["rounds"] = args.rounds
     targets = {
-        "produce_100b_ratio_vs_tansu": target(figures["produce_100b_ratio"], 0.5),
-        "consume_100b_ratio_vs_tansu": target(figures["consume_100b_ratio"], 1.0),
         "produce_latency_ms_p99_at_10k": target(
             figures["northguard_produce_latency_ms_p99"], 20.0, "<="
         ),
+        "produce_100b_ratio_vs_tansu": report_only(figures["produce_100b_ratio"], 1.0),
+        "produce_1k_ratio_vs_tansu": report_only(figures["produce_1k_ratio"], 1.0),
+        "consume_100b_ratio_vs_tansu": report_only(figures["consume_100b_ratio"], 1.0),
     }
-    emit(
+    finish(
         "northguard",
         figures,
         targets,
-        confluent_kafka=confluent_kafka.__version__,
-        peer="tansu (memory storage) via confluent-kafka acks=all",
+        no_fail=args.no_fail,
+        spread=rounds.spread(),
+        config={
+            "records_100b": args.records,
+            "records_1k": args.records // 4,
+            "shards": args.shards,
+            "batch_records": args.batch,
+            "latency_rate_per_s": args.rate,
+            "latency_s": args.latency_s,
+            "value_pool": VALUE_POOL,
+            "northguard_producer": {
+                "linger_ms": LINGER_MS,
+                "batch_bytes_max": BATCH_BYTES_MAX,
+                "buffer_bytes_max": BUFFER_BYTES_MAX,
+                "latency_linger_ms": LATENCY_LINGER_MS,
+            },
+            "northguard_reader": {"fetch_bytes_max": FETCH_BYTES_MAX, "poll_records": POLL_RECORDS},
+            "northguard_broker": "fps store, defaults (group commit 10 ms), fsync per group commit",
+            "tansu_producer": kafka_producer_config("<tansu>", LINGER_MS),
+            "tansu_latency_producer": kafka_producer_config("<tansu>", LATENCY_LINGER_MS),
+            "tansu_consumer": kafka_consumer_config("<tansu>"),
+        },
+        confluent_kafka=confluent_kafka.version()[0],
+        librdkafka=confluent_kafka.libversion()[0],
+        peer="tansu 0.6.0, memory storage (no fsync, data in memory) via confluent-kafka acks=all",
         quick=args.quick,
+        **facts,
     )
 
 
 if __name__ == "__main__":
-    main()
+    guard("northguard", main)

@@ -3,7 +3,14 @@
 Each shape is a batch of ``records_per_batch`` records of ``record_bytes``
 (the batch is opaque to the store, so only its size matters).  ``segments``
 producers each keep ``window`` appends in flight, as broker produce streams do.
-Prints one JSON object last: {"bench", "machine", "figures", "targets"}.
+No peer runs beside it: the figures are the store's own.  Each shape runs in
+``--rounds`` rounds (3; 1 with ``--quick``), alternating which shape goes
+first, on a fresh store each time; figures are medians with their min-max
+spread.  The store's own counters say what was made durable: flushes (group
+commits), fsync calls, records per fsync; ``machine`` names the filesystem of
+the data directory and whether O_DIRECT was granted (probed there, and as the
+store's segment files report it).
+Prints one JSON object last: {"bench", "machine", "figures", "spread", "config", "targets"}.
 
     .venv/bin/python bench/northguard_store.py --quick
 """
@@ -12,13 +19,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+from report import (  # bench/report.py: what every bench shares
+    Rounds,
+    alternating,
+    bench_parser,
+    finish,
+    guard,
+    percentile,
+    rounds_of,
+    storage_facts,
+)
 
 from backends.northguard.runtime import RealRuntime
 from backends.northguard.store import FpsStore
@@ -60,7 +77,8 @@ async def run_shape(
     counts = await asyncio.gather(*(producer(f"bench-{n}") for n in range(args.segments)))
     elapsed_s = time.perf_counter() - started
     direct = store.direct_io("bench-0")
-    flushes = store.flush_count
+    flushes = store.stats.flushes
+    fsyncs = store.stats.fsyncs
     await store.close()
     appends = sum(counts)
     latencies_ms = sorted(s * 1000 for s in latencies_s)
@@ -70,15 +88,16 @@ async def run_shape(
         "mb_per_s": round(appends * len(batch) / elapsed_s / 1e6, 1),
         "flushes_per_s": round(flushes / elapsed_s, 1),
         "appends_per_flush": round(appends / max(flushes, 1), 1),
+        "fsyncs_per_s": round(fsyncs / elapsed_s, 1),
+        "records_per_fsync": round(appends * args.records_per_batch / max(fsyncs, 1), 1),
         "append_latency_ms_p50": round(statistics.median(latencies_ms), 2),
-        "append_latency_ms_p99": round(latencies_ms[int(len(latencies_ms) * 0.99) - 1], 2),
-        "direct_io": direct,
+        "append_latency_ms_p99": round(percentile(latencies_ms, 0.99), 2),
+        "direct_io": float(direct),
     }
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1.5 s per shape instead of 10 s")
+def main() -> None:
+    parser = bench_parser(__doc__)
     parser.add_argument(
         "--dir", type=Path, default=None, help="where to write (default: a temporary directory)"
     )
@@ -87,27 +106,46 @@ async def main() -> None:
     parser.add_argument("--records-per-batch", type=int, default=100)
     args = parser.parse_args()
     args.seconds = 1.5 if args.quick else 10.0
-    figures: dict[str, object] = {}
+    rounds_n = rounds_of(args)
+    rounds = Rounds()
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="ng-store-bench-") as scratch:
-        for name, record_bytes in SHAPES.items():
-            result = await run_shape(Path(scratch) / name, record_bytes, args)
-            for key, value in result.items():
-                figures[f"{key}_{name}"] = value
-    machine = {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "segments": args.segments,
-        "window": args.window,
-        "records_per_batch": args.records_per_batch,
-        "seconds_per_shape": args.seconds,
-    }
-    print(
-        json.dumps(
-            {"bench": "northguard_store", "machine": machine, "figures": figures, "targets": {}}
-        )
+        facts = storage_facts(scratch)
+        for number, order in enumerate(alternating(rounds_n, list(SHAPES))):
+            for name in order:
+                data_dir = Path(scratch) / f"{name}-{number}"
+                result = asyncio.run(run_shape(data_dir, SHAPES[name], args))
+                for key, value in result.items():
+                    rounds.add(f"{key}_{name}", value)
+                print(
+                    f"[bench northguard_store] round {number} {name}: "
+                    f"{result['records_per_s']:,.0f} records/s, {result['mb_per_s']} MB/s, "
+                    f"{result['fsyncs_per_s']} fsyncs/s, p99 {result['append_latency_ms_p99']} ms",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    figures = rounds.figures()
+    figures["rounds"] = rounds_n
+    direct = all(
+        v == 1.0 for name, vs in rounds.values.items() if name.startswith("direct_io") for v in vs
+    )
+    finish(
+        "northguard_store",
+        figures,
+        {},
+        no_fail=args.no_fail,
+        spread=rounds.spread(),
+        config={
+            "segments": args.segments,
+            "window": args.window,
+            "records_per_batch": args.records_per_batch,
+            "seconds_per_shape": args.seconds,
+            "store": "FpsStore defaults (group commit, WAL + segment fsync per flush)",
+        },
+        peer="none: the store alone",
+        store_segments_direct_io=direct,
+        **facts,
     )
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    guard("northguard_store", main)

@@ -13,8 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from clients.consumer import CommitSink, XinfraConsumer, XinfraConsumerOptions, XinfraRecord
+from clients.group import GroupClient, GroupMembership, GroupOptions, RebalanceListener
 from clients.producer import Positions, XinfraProducer, XinfraProducerOptions
 from clients.service import LEASE_S, ServiceSource
+from xinfra.rest import resolve_token
+from xinfra.settings import get_settings
 
 
 def connect_producer(
@@ -48,10 +51,13 @@ def connect_consumer(
     client_id: str | None = None,
     lease_s: float = LEASE_S,
     commit_sink: CommitSink | None = None,
+    group: str | None = None,
+    group_options: GroupOptions | None = None,
 ) -> XinfraConsumer:
     """A consumer for one virtual cluster; nothing is contacted until its first use.
 
-    Call from inside a running event loop.
+    With ``group``, ``subscribe(topics)`` joins that consumer group, which then
+    assigns the shards and takes the commits.  Call from inside a running event loop.
     """
     source = ServiceSource(
         "consumer",
@@ -61,7 +67,20 @@ def connect_consumer(
         client_id=client_id,
         lease_s=lease_s,
     )
-    return XinfraConsumer(source, commit_sink=commit_sink, options=options)
+    consumer = XinfraConsumer(source, commit_sink=commit_sink, options=options)
+    if group is not None:
+        settings = get_settings()
+        resolved = resolve_token(settings, token)
+        client = GroupClient(
+            source.url,
+            {"Authorization": f"Bearer {resolved}"} if resolved else {},
+            settings.request_timeout_s,
+        )
+        consumer.membership = GroupMembership(
+            consumer, group, client, source.virtual_cluster, group_options, client_id
+        )
+        consumer.commit_sink = consumer.membership
+    return consumer
 
 
 async def open_producer(
@@ -95,13 +114,16 @@ async def open_consumer(
     client_id: str | None = None,
     lease_s: float = LEASE_S,
     commit_sink: CommitSink | None = None,
+    group: str | None = None,
+    group_options: GroupOptions | None = None,
 ) -> XinfraConsumer:
     """A started consumer: the service answered, the token is good, ``topics`` exist.
 
+    With ``group``, call ``subscribe(topics)`` next to join the group.
     Raises like ``open_producer``; nothing is left open then.
     """
     consumer = connect_consumer(
-        url, token, virtual_cluster, options, client_id, lease_s, commit_sink
+        url, token, virtual_cluster, options, client_id, lease_s, commit_sink, group, group_options
     )
     try:
         return await consumer.start(topics)
@@ -112,7 +134,9 @@ async def open_consumer(
 
 __all__ = [
     "CommitSink",
+    "GroupOptions",
     "Positions",
+    "RebalanceListener",
     "ServiceSource",
     "XinfraConsumer",
     "XinfraConsumerOptions",

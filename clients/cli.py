@@ -2,11 +2,14 @@
 
 ``produce`` reads stdin: one record per line (the value; with ``--key-separator``
 the text before the first separator is the key), or with ``--json`` one JSON
-object per line ``{"key": str|null, "value": str|null, "headers": {str: str},
+object per line ``{"key": str|null, "value": str|null, "headers": [[str, str], ...]
+(or {str: str}),
 "shard": int, "timestamp_ms": int}`` (every field optional).  ``consume``
 writes one line per record: the value (with ``--print-key``, key, separator,
 value), or with ``--json`` one object ``{"topic", "epoch", "shard", "offset",
-"timestamp_ms", "key", "value", "headers"}``.  Bytes that are not UTF-8 are
+"timestamp_ms", "key", "value", "headers"}`` (headers a list of ``[name, value]``:
+names may repeat).  ``consume -e`` stops at the end, ``--from -N`` starts at the
+last N records of each shard (in the current epoch).  Bytes that are not UTF-8 are
 written with backslash escapes.
 
 Both show records and rates on stderr (rich), so stdout stays data; with
@@ -33,6 +36,7 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from clients import (
+    GroupOptions,
     XinfraConsumerOptions,
     XinfraProducer,
     XinfraProducerOptions,
@@ -40,6 +44,7 @@ from clients import (
     open_producer,
 )
 from clients.consumer import XinfraConsumer, XinfraRecord
+from xinfra.commands.output import error_line
 from xinfra.errors import InvalidRequest, Unavailable, XinfraError
 from xinfra.model import Position
 
@@ -73,10 +78,10 @@ def _exit_codes() -> Iterator[None]:
     try:
         yield
     except Unavailable as error:
-        err.print(f"[red]{escape(error.message)}[/red]")
+        err.print(f"[red]{escape(error_line(error))}[/red]", soft_wrap=True)
         raise typer.Exit(EXIT_UNREACHABLE) from None
     except XinfraError as error:
-        err.print(f"[red]{escape(error.message)} {escape(f'[{error.code}]')}[/red]")
+        err.print(f"[red]{escape(error_line(error))}[/red]", soft_wrap=True)
         raise typer.Exit(EXIT_FAILED) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
@@ -118,11 +123,18 @@ def _parse_line(
         if unknown:
             raise InvalidRequest(f"unknown fields {sorted(unknown)} in {line[:200]!r}")
         key, value = body.get("key"), body.get("value")
-        headers = body.get("headers") or {}
+        headers = body.get("headers") or []
+        pairs = headers.items() if isinstance(headers, dict) else headers
+        try:
+            header_list = [(str(name), str(v).encode()) for name, v in pairs]
+        except (TypeError, ValueError):
+            raise InvalidRequest(
+                f"headers must be [[name, value], ...] or {{name: value}}: {line[:200]!r}"
+            ) from None
         return {
             "key": None if key is None else str(key).encode(),
             "value": None if value is None else str(value).encode(),
-            "headers": [(str(name), str(v).encode()) for name, v in headers.items()],
+            "headers": header_list,
             "shard": body.get("shard", shard),
             "timestamp_ms": body.get("timestamp_ms"),
         }
@@ -299,7 +311,7 @@ def _format(record: XinfraRecord, as_json: bool, print_key: bool, separator: str
                 "timestamp_ms": record.timestamp_ms,
                 "key": _text(record.key),
                 "value": _text(record.value),
-                "headers": {name: _text(value) for name, value in record.headers},
+                "headers": [[name, _text(value)] for name, value in record.headers],
             }
         ).encode()
     value = record.value or b""
@@ -309,14 +321,49 @@ def _format(record: XinfraRecord, as_json: bool, print_key: bool, separator: str
 
 
 def _start(start: str) -> str | int:
+    """earliest, latest, a timestamp in ms (>= 0), or -N: the last N records of each shard."""
     if start in ("earliest", "latest"):
         return start
     try:
-        return int(start)
+        value = int(start)
     except ValueError:
+        value = None
+    if value is None or (value == 0 and start.startswith("-")):
         raise typer.BadParameter(
-            f"--from {start!r}: use earliest, latest or a timestamp in ms"
-        ) from None
+            f"--from {start!r}: use earliest, latest, a timestamp in ms, or -N (last N per shard)"
+        )
+    return value
+
+
+async def _seek_back(consumer: XinfraConsumer, topic: str, count: int) -> None:
+    """Each assigned shard of ``topic`` at its last ``count`` records of the current epoch."""
+    metadata = await consumer.metadata(topic)
+    epoch = metadata.current_epoch
+    shards = [shard for t, shard in consumer.assignment() if t == topic]
+    reader = consumer._reader(topic, metadata, epoch)
+    lows = await reader.start_offsets(shards)
+    highs = await consumer._end_offsets(topic, metadata, epoch, shards)
+    for shard in shards:
+        consumer.seek(topic, Position(epoch.number, shard, max(lows[shard], highs[shard] - count)))
+
+
+async def _ends(consumer: XinfraConsumer) -> dict[tuple[str, int], Position]:
+    """Where each assigned shard ends now: the high watermark of the topic's current epoch."""
+    ends: dict[tuple[str, int], Position] = {}
+    for topic, shard in consumer.assignment():
+        metadata = await consumer.metadata(topic)
+        epoch = metadata.current_epoch
+        high = (await consumer._end_offsets(topic, metadata, epoch, [shard]))[shard]
+        ends[(topic, shard)] = Position(epoch.number, shard, high)
+    return ends
+
+
+def _at_end(consumer: XinfraConsumer, ends: dict[tuple[str, int], Position]) -> bool:
+    positions = consumer.positions()
+    return all(
+        (p := positions[key]).epoch > end.epoch or (p.epoch == end.epoch and p.offset >= end.offset)
+        for key, end in ends.items()
+    )
 
 
 async def _consume(
@@ -336,20 +383,38 @@ async def _consume(
     connect_timeout_s: float,
     quiet: bool,
     out: BinaryIO,
+    group: str | None = None,
+    exit_at_end: bool = False,
 ) -> int:
     options = XinfraConsumerOptions(metadata_timeout_s=connect_timeout_s)
-    consumer: XinfraConsumer = await open_consumer(url, token, vc, options=options, topics=topics)
+    consumer: XinfraConsumer = await open_consumer(
+        url,
+        token,
+        vc,
+        options=options,
+        topics=topics,
+        group=group,
+        group_options=GroupOptions(start=start) if group else None,  # type: ignore[arg-type]
+    )
     count = 0
     started = time.monotonic()
     try:
-        for topic in topics:
-            await consumer.assign(topic, shards, start)  # type: ignore[arg-type]
+        if group is not None:
+            await consumer.subscribe(topics)  # the group assigns; close commits what was read
+        for topic in topics if group is None else ():
+            back = isinstance(start, int) and start < 0
+            await consumer.assign(topic, shards, "latest" if back else start)  # type: ignore[arg-type]
+            if back:
+                await _seek_back(consumer, topic, -int(start))
             if position is not None:
                 consumer.seek(topic, position)
+        ends = await _ends(consumer) if exit_at_end else None
         last_record = time.monotonic()
         with _progress(quiet) as progress:
             task = progress.add_task(f"consuming {', '.join(topics)}", total=None, rate="")
             while max_records is None or count < max_records:
+                if ends is not None and _at_end(consumer, ends):
+                    break
                 want = 1000 if max_records is None else min(1000, max_records - count)
                 records = await consumer.poll(want, timeout_s=0.5)
                 if records:
@@ -371,8 +436,16 @@ def consume(
     topics: Annotated[list[str], typer.Argument(help="One or more virtual topics.")],
     start: Annotated[
         str,
-        typer.Option("--from", help="earliest, latest, or a timestamp in ms."),
+        typer.Option(
+            "--from", help="earliest, latest, a timestamp in ms, or -N (the last N of each shard)."
+        ),
     ] = "earliest",
+    exit_at_end: Annotated[
+        bool,
+        typer.Option(
+            "--exit-at-end", "-e", help="Stop once every shard is read to where it ended at start."
+        ),
+    ] = False,
     shards: Annotated[
         str | None, typer.Option("--shards", help="Comma-separated shards (default: all).")
     ] = None,
@@ -386,6 +459,12 @@ def consume(
     idle_s: Annotated[
         float | None,
         typer.Option("--idle-s", help="Stop when nothing arrives for this long (default: never)."),
+    ] = None,
+    group: Annotated[
+        str | None,
+        typer.Option(
+            "--group", "-g", help="Join this consumer group: it assigns the shards, reads commit."
+        ),
     ] = None,
     as_json: JsonOption = False,
     print_key: Annotated[bool, typer.Option("--print-key", help="Print key, separator, value.")] = (
@@ -417,6 +496,13 @@ def consume(
         shard_list = [shard]
     if max_records is not None and max_records < 1:
         raise typer.BadParameter("--max-records must be at least 1")
+    if group is not None and (shards is not None or at is not None):
+        raise typer.BadParameter("--group assigns the shards: leave out --shards and --position")
+    if group is not None and exit_at_end:
+        raise typer.BadParameter("--exit-at-end reads fixed shards: leave out --group")
+    begin = _start(start)
+    if group is not None and isinstance(begin, int) and begin < 0:
+        raise typer.BadParameter("--from -N reads fixed shards: leave out --group")
     with _exit_codes():
         count = asyncio.run(
             _consume(
@@ -424,7 +510,7 @@ def consume(
                 url=url,
                 token=token,
                 vc=vc,
-                start=_start(start),
+                start=begin,
                 shards=shard_list,
                 position=position,
                 max_records=max_records,
@@ -435,6 +521,8 @@ def consume(
                 connect_timeout_s=connect_timeout_s,
                 quiet=quiet,
                 out=sys.stdout.buffer,
+                group=group,
+                exit_at_end=exit_at_end,
             )
         )
     if not quiet:

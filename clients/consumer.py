@@ -24,13 +24,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import attrgetter
-from typing import Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 
 from clients.metadata import MetadataSource, TopicWatch, fetch_metadata
+from clients.outage import Outage
 from clients.pool import BackendPool
 from xinfra.backend import ReaderOptions, ShardReader
 from xinfra.errors import InvalidRequest, ShardOutOfRange, XinfraError
@@ -45,6 +47,9 @@ from xinfra.model import (
     prefixed,
 )
 
+if TYPE_CHECKING:
+    from clients.group import GroupMembership, RebalanceListener
+
 StartAt = Literal["earliest", "latest"]
 _SHARD_OF = attrgetter("shard")
 ACCEPT_CHUNK_RECORDS = 512
@@ -52,6 +57,8 @@ ACCEPT_CHUNK_RECORDS = 512
 (700 allocations), so it never sees both copies of a poll's records."""
 POLL_SLICE_S = 0.05
 """How long one reader is polled before the next gets its turn, when several are active."""
+_EPOCHS = ("", -1)
+"""The outage key of moving cursors into their next epochs (a reader's start offsets)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +69,14 @@ class XinfraConsumerOptions:
     """How long the first metadata of a topic (and ``start``) waits for an unreachable service."""
     long_poll_s: float = 20.0
     """One metadata long-poll; a change is seen at once, this only bounds an idle request."""
+    unavailable_s_max: float = 60.0
+    """How long ``poll`` retries a reader that keeps failing with a retriable error.
+
+    A broker restarting or a leader moving fails reads for a few seconds:
+    ``poll`` retries them (backoff with jitter, ``clients.outage``) and reads
+    the other shards meanwhile.  The first failure more than this long after
+    the reader began failing is raised (``Unavailable`` or its kind, the
+    message saying for how long); a poll after that starts a new bound."""
 
 
 class XinfraRecord(NamedTuple):
@@ -146,8 +161,11 @@ class XinfraConsumer:
         self._cursors: dict[tuple[str, int], _Cursor] = {}
         self._readers: dict[tuple[str, int], ShardReader] = {}
         self._reader_assignment: dict[tuple[str, int], dict[int, int]] = {}
+        self._outages: dict[tuple[str, int], Outage] = {}
         self._turn = 0
         self._closed = False
+        self.membership: GroupMembership | None = None
+        """Set by ``open_consumer(group=...)``: ``subscribe`` then drives the assignment."""
 
     # -- metadata --------------------------------------------------------------------------
 
@@ -280,37 +298,91 @@ class XinfraConsumer:
         await self.commit_sink.commit(chosen)
         return chosen
 
+    async def subscribe(
+        self, topics: Sequence[str] | re.Pattern[str], listener: RebalanceListener | None = None
+    ) -> None:
+        """Join the consumer group (``open_consumer(group=...)``) for ``topics`` or a pattern.
+
+        The group then assigns shards; ``poll`` applies its changes (``clients.group``).
+        """
+        if self.membership is None:
+            raise InvalidRequest("not a group consumer: open it with open_consumer(group=...)")
+        await self.membership.subscribe(topics, listener)
+
+    async def committed(self) -> dict[tuple[str, int], Position]:
+        """The group's committed position per (topic, shard)."""
+        if self.membership is None:
+            raise InvalidRequest("not a group consumer: open it with open_consumer(group=...)")
+        return await self.membership.committed()
+
     # -- polling ---------------------------------------------------------------------------
 
     async def poll(self, max_records: int = 1000, timeout_s: float = 1.0) -> list[XinfraRecord]:
-        """Up to ``max_records`` records from the assigned shards, each shard in order, through epochs."""
+        """Up to ``max_records`` records from the assigned shards, each shard in order, through epochs.
+
+        Retriable backend errors (a broker restarting) are retried here, for
+        up to ``options.unavailable_s_max`` per reader; see there.
+        """
         if self._closed:
             raise InvalidRequest("the consumer is closed")
         self._check()
+        if self.membership is not None:
+            await self.membership.reconcile()  # rebalances are applied here, between reads
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
-            await self._advance_epochs()
+            if self._due(_EPOCHS, loop.time()):
+                try:
+                    await self._advance_epochs()
+                    self._outages.pop(_EPOCHS, None)
+                except XinfraError as error:
+                    self._failed(_EPOCHS, error, loop.time())
             active = self._sync_readers()
-            if active:
-                self._turn = (self._turn + 1) % len(active)
-                ordered = active[self._turn :] + active[: self._turn]
-                slice_s = POLL_SLICE_S if len(active) > 1 else max(0.0, deadline - loop.time())
+            now = loop.time()
+            ready = [key for key in active if self._due(key, now)]
+            if ready:
+                self._turn = (self._turn + 1) % len(ready)
+                ordered = ready[self._turn :] + ready[: self._turn]
+                slice_s = POLL_SLICE_S if len(ready) > 1 else max(0.0, deadline - loop.time())
                 out: list[XinfraRecord] = []
                 for key in ordered:
                     remaining = max_records - len(out)
                     if remaining <= 0:
                         break
-                    raw = await self._readers[key].poll(
-                        remaining, min(slice_s, max(0.0, deadline - loop.time()))
-                    )
+                    try:
+                        raw = await self._readers[key].poll(
+                            remaining, min(slice_s, max(0.0, deadline - loop.time()))
+                        )
+                    except XinfraError as error:
+                        self._failed(key, error, loop.time())
+                        continue
+                    self._outages.pop(key, None)
                     out.extend(self._accept(key, raw))
                 if out:
                     return out
-            elif loop.time() < deadline:
-                await asyncio.sleep(min(POLL_SLICE_S, deadline - loop.time()))
+            elif now < deadline:
+                wake = min((self._outages[key].retry_at_s for key in active), default=now)
+                await asyncio.sleep(min(max(POLL_SLICE_S, wake - now), deadline - now))
             if loop.time() >= deadline:
                 return []
+
+    def _due(self, key: tuple[str, int], now_s: float) -> bool:
+        """Whether ``key`` may be tried now: it is not failing, or its backoff is over."""
+        outage = self._outages.get(key)
+        return outage is None or outage.retry_at_s <= now_s
+
+    def _failed(self, key: tuple[str, int], error: XinfraError, now_s: float) -> None:
+        """Retry ``error`` later, or raise it: not retriable, or failing past the bound."""
+        if not error.retriable:
+            raise error
+        outage = self._outages.get(key)
+        if outage is None:
+            outage = self._outages[key] = Outage(self.options.unavailable_s_max, now_s)
+        try:
+            outage.failed(error, now_s)
+        except XinfraError:
+            del self._outages[key]  # raised once: a poll after this starts a new bound
+            raise
 
     def _accept(self, key: tuple[str, int], raw: list[ConsumedRecord]) -> list[XinfraRecord]:
         """Keep the records that are next for their cursor, move the cursors past them.
@@ -452,6 +524,8 @@ class XinfraConsumer:
         if self._closed:
             return
         self._closed = True
+        if self.membership is not None:
+            await self.membership.close()
         for reader in self._readers.values():
             await reader.close()
         self._readers.clear()

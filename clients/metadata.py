@@ -20,6 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from clients.outage import equal_jitter
 from xinfra.errors import Forbidden, NotFound, Unauthenticated, Unavailable, XinfraError
 from xinfra.model import TopicMetadata
 
@@ -86,7 +87,7 @@ async def fetch_metadata(source: MetadataSource, topic: str, timeout_s: float) -
                     f"no metadata for topic {topic!r} after {timeout_s:.1f} s: {error.message}; "
                     "check the metadata service URL (XINFRA_METADATA_URL) and that it runs"
                 ) from error
-            await asyncio.sleep(min(backoff_s, remaining_s))
+            await asyncio.sleep(min(equal_jitter(backoff_s), remaining_s))
             backoff_s = min(backoff_s * 2, BACKOFF_S_MAX)
 
 
@@ -159,8 +160,9 @@ class TopicWatch:
                 if isinstance(error, FATAL_ERRORS):
                     self.error = error
                     backoff_s = BACKOFF_S_MAX
+                delay_s = equal_jitter(backoff_s)
                 log.warning(
-                    "metadata watch on %s: %s; retrying in %.1f s", self.topic, error, backoff_s
+                    "metadata watch on %s: %s; retrying in %.1f s", self.topic, error, delay_s
                 )
-                await asyncio.sleep(backoff_s)
+                await asyncio.sleep(delay_s)
                 backoff_s = min(backoff_s * 2, BACKOFF_S_MAX)

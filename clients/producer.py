@@ -36,6 +36,7 @@ from itertools import repeat
 from typing import overload
 
 from clients.metadata import MetadataSource, TopicWatch, fetch_metadata
+from clients.outage import equal_jitter
 from clients.pool import BackendPool
 from xinfra.backend import ProducerOptions
 from xinfra.errors import (
@@ -660,8 +661,9 @@ class XinfraProducer:
                 if not error.retriable or loop.time() >= deadline:
                     self._fail(sinks, error)
                     return
-                log.info("producer %s/%s: %s; retrying in %.2f s", topic, shard, error, backoff_s)
-                await asyncio.sleep(backoff_s)
+                delay_s = equal_jitter(backoff_s)
+                log.info("producer %s/%s: %s; retrying in %.2f s", topic, shard, error, delay_s)
+                await asyncio.sleep(delay_s)
                 backoff_s = min(backoff_s * 2, self.options.retry_backoff_s_max)
             if loop.time() >= deadline:
                 self._fail(sinks, Timeout(f"batch for {topic}/{shard} not acknowledged in time"))

@@ -128,6 +128,22 @@ class ServiceSource:
         self._versions.setdefault(topic, metadata.version)
         return metadata
 
+    async def topic_names(self, names_max: int = 100_000) -> list[str]:
+        """Names of the virtual cluster's topics, page by page (at most ``names_max``)."""
+        names: list[str] = []
+        after: str | None = None
+        while len(names) < names_max:
+            page = await self._call(
+                "GET",
+                f"/v1/vclusters/{self.virtual_cluster}/topics",
+                params={"after": after, "limit": 1000},
+            )
+            names.extend(topic["name"] for topic in page["topics"])
+            after = page["next_after"]
+            if after is None:
+                break
+        return names[:names_max]
+
     async def wait_for_change(
         self, topic: str, after_version: int, timeout_s: float
     ) -> TopicMetadata | None:

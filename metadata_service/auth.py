@@ -8,8 +8,16 @@ tokens are global, so they need an admin token scoped to ``*``.
 Tokens are 32 random bytes, so a plain SHA-256 is enough (no password
 stretching: there is nothing to brute-force).  Verified tokens are cached for
 ``token_cache_s``: a revoked token can be accepted that long by an instance
-that has seen it.  There is no anonymous access except /health, /ready and
-/metrics.
+that has seen it; the instance that deletes a token forgets it at once, even
+when a lookup of it is in flight.  There is no anonymous access except /health,
+/ready and /metrics.
+
+Unknown tokens cost a database lookup each, so a peer (an IP address) may try
+``auth_failures_burst`` of them, refilled at ``auth_failures_per_s``; past
+that its uncached tokens are refused with 429 before any lookup (a known
+token that is cached, or the configured admin token, still passes).  Token
+creation is bounded the same way over the whole instance.  No token is ever
+logged: the initial admin token goes to a 0600 file.
 """
 
 from __future__ import annotations
@@ -24,11 +32,27 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from metadata_service.runtime import Runtime
-from xinfra.errors import Conflict, Forbidden, Unauthenticated
+from xinfra.errors import Backpressure, Conflict, Forbidden, Unauthenticated
 
 log = logging.getLogger(__name__)
 
 ADMIN_TOKEN_FILE = "admin-token"
+ADMIN_TOKEN_CHARS_MIN = 24
+PLACEHOLDER_TOKENS = frozenset({"change-me-admin-token", "change-me", "changeme", "admin"})
+"""Known placeholders (the old docker-compose default among them): never an admin token."""
+
+
+def check_admin_token(token: str) -> None:
+    """Refuse a configured admin token that is a placeholder or too short to be a secret.
+
+    It never expires and cannot be revoked (only unset), so it must be unguessable.
+    """
+    if token.strip().lower() in PLACEHOLDER_TOKENS or len(token.strip()) < ADMIN_TOKEN_CHARS_MIN:
+        raise ValueError(
+            "XINFRA_ADMIN_TOKEN is a placeholder or shorter than "
+            f"{ADMIN_TOKEN_CHARS_MIN} characters; set a long random secret "
+            "(e.g. `openssl rand -base64 32`), or unset it to have the service create one"
+        )
 
 
 def hash_token(token: str) -> str:
@@ -70,10 +94,20 @@ class TokenService:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         config = runtime.config
+        if config.admin_token:
+            check_admin_token(config.admin_token)
         self._bootstrap_hash = hash_token(config.admin_token) if config.admin_token else None
         self._cache: OrderedDict[str, tuple[Principal | None, float]] = OrderedDict()
+        self._generation = 0
+        """Bumped by every delete: a lookup that started before it must not cache what it read."""
+        from metadata_service.gate import PeerBuckets, TokenBucket
 
-    async def authenticate(self, authorization: str | None) -> Principal:
+        self._failures = PeerBuckets(config.auth_failures_per_s, config.auth_failures_burst)
+        self._creations = TokenBucket(config.token_creations_per_s, config.token_creations_burst)
+
+    async def authenticate(self, authorization: str | None, peer: str = "-") -> Principal:
+        """The principal of a bearer token; ``peer`` (the caller's address) bounds lookups of
+        unknown tokens."""
         if not authorization:
             raise Unauthenticated(
                 "missing bearer token: send 'Authorization: Bearer <token>' "
@@ -88,19 +122,36 @@ class TokenService:
         now = time.monotonic()
         cached = self._cache.get(digest)
         if cached is not None and cached[1] > now:
+            self.runtime.metrics.token_cache_hits.inc()
             principal = cached[0]
         else:
+            # Spend a failure before the lookup (concurrent floods cannot overdraw the bucket);
+            # a token that turns out to be known gives it back.
+            failures = self._failures.get(peer)
+            if not failures.take():
+                raise Backpressure(
+                    f"too many unknown tokens from {peer}; retry later "
+                    f"(at most {self.runtime.config.auth_failures_per_s:g} a second)"
+                )
+            self.runtime.metrics.token_cache_misses.inc()
+            generation = self._generation
             row = await self.runtime.db(self.runtime.store.find_token, digest)
             principal = Principal(row.name, row.role, row.scope) if row is not None else None
-            self._cache[digest] = (principal, now + self.runtime.config.token_cache_s)
-            self._cache.move_to_end(digest)
-            while len(self._cache) > self.runtime.config.token_cache_max:
-                self._cache.popitem(last=False)
+            if principal is not None:
+                failures.give_back()
+            if generation == self._generation:
+                self._cache[digest] = (principal, now + self.runtime.config.token_cache_s)
+                self._cache.move_to_end(digest)
+                while len(self._cache) > self.runtime.config.token_cache_max:
+                    self._cache.popitem(last=False)
         if principal is None:
             raise Unauthenticated("unknown or revoked token")
         return principal
 
     async def create(self, name: str, role: str, scope: str) -> tuple[str, int]:
+        """A new token (returned once); 429 past ``token_creations_burst`` at a time."""
+        if not self._creations.take():
+            raise Backpressure("too many tokens created recently; retry later")
         token = new_token()
         row = await self.runtime.db(
             self.runtime.store.insert_token, hash_token(token), name, role, scope
@@ -109,6 +160,7 @@ class TokenService:
 
     async def delete(self, name: str) -> None:
         await self.runtime.db(self.runtime.store.delete_token, name)
+        self._generation += 1
         self._cache.clear()
 
     async def ensure_initial_admin(self) -> str | None:

@@ -31,12 +31,18 @@ def serve_command(
         bool, typer.Option("--no-upgrade", help="Do not apply migrations on start.")
     ] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    advertised_url: Annotated[
+        str | None,
+        typer.Option(
+            help="The URL other instances send a consumer group's clients to when this one "
+            "coordinates it (default: http://HOST:PORT, the host name for 0.0.0.0)."
+        ),
+    ] = None,
 ) -> None:
     """Run the metadata service (HTTP API under /v1, /health, /ready, /metrics)."""
-    import uvicorn
-
     from metadata_service.app import create_app
     from metadata_service.config import ServiceConfig
+    from metadata_service.server import serve
 
     settings = get_settings()
     updates: dict[str, object] = {}
@@ -48,8 +54,15 @@ def serve_command(
         updates["metadata_notify"] = notify
     if updates:
         settings = settings.model_copy(update=updates)
-    config = ServiceConfig.from_settings(settings, auto_upgrade=not no_upgrade)
-    uvicorn.run(
+    if advertised_url is None:
+        import socket
+
+        reachable = socket.gethostname() if host in ("0.0.0.0", "::") else host
+        advertised_url = f"http://{reachable}:{port}"
+    config = ServiceConfig.from_settings(
+        settings, auto_upgrade=not no_upgrade, advertised_url=advertised_url
+    )
+    serve(
         create_app(config),
         host=host,
         port=port,

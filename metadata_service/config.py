@@ -41,9 +41,24 @@ class ServiceConfig:
     token_cache_s: float = 5.0
     """A revoked token may still be accepted for this long by an instance that cached it."""
     token_cache_max: int = 10_000
+    auth_failures_per_s: float = 5.0
+    auth_failures_burst: int = 50
+    """Unknown-token attempts a peer (IP address) may make: a token bucket of this size, refilled
+    at ``auth_failures_per_s``; past it, 429 without a database lookup."""
+    token_creations_per_s: float = 1.0
+    token_creations_burst: int = 100
+    """Tokens the service creates: a token bucket over all admins (each token is a row for ever)."""
+    connections_max: int = 1000
+    """Open HTTP connections; one more is closed on accept (uvicorn's ``limit_concurrency`` too)."""
+    header_timeout_s: float = 10.0
+    """A connection that has not sent a whole request head this long after it opened (or after
+    its previous response) is closed."""
+    keep_alive_s: float = 5.0
+    header_bytes_max: int = 16 << 10
+    """The largest request head (request line and headers) h11 buffers."""
     seal_settle_s_max: float = 30.0
     """How long a seal waits for live producers to acknowledge the version that retires an epoch
-    before it reads the epoch's end offsets (see ``TopicService._settle_seal``)."""
+    before it reads the epoch's end offsets, counted from the seal (see ``metadata_service.settle``)."""
     intent_grace_s: float = 60.0
     """Reconcile leaves an intent younger than this alone: an instance may still be executing it."""
     db_threads_max: int = 32
@@ -51,6 +66,18 @@ class ServiceConfig:
     backend_timeout_s: float = 30.0
     list_limit_max: int = 1000
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    advertised_url: str | None = None
+    """This instance's URL as other instances and clients reach it (group requests are redirected here)."""
+    group_session_s: float = 10.0
+    """A consumer-group member that has not heartbeated for this long is removed and its shards move."""
+    group_heartbeat_s: float = 0.5
+    group_zk_session_s: float = 6.0
+    """ZooKeeper session of the group coordinator: another instance takes its groups over this long
+    after it dies (at once after a clean stop)."""
+    checkpoint_cache: str = "memory://"
+    """memory://, redis://host:port/db or couchbase://host/bucket?username=..&password=.."""
+    checkpoint_flush_s: float = 0.005
+    checkpoint_buffer_keys_max: int = 10_000
     backend_factory: BackendFactory = open_backend
 
     @classmethod
@@ -72,5 +99,6 @@ class ServiceConfig:
             client_ttl_s_max=s.client_ttl_s_max,
             request_bytes_max=s.request_bytes_max,
             backend_timeout_s=s.request_timeout_s,
+            checkpoint_cache=s.cache_url,
         )
         return replace(config, **overrides)

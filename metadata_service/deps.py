@@ -10,9 +10,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from metadata_service.auth import Principal, TokenService
 from metadata_service.clusters import ClusterService
+from metadata_service.gate import PRINCIPAL_SCOPE_KEY, peer_of
 from metadata_service.reconcile import ReconcileService
 from metadata_service.registry import RegistryService
 from metadata_service.runtime import Runtime
+from metadata_service.settle import SettleService
 from metadata_service.topics import TopicService
 from xinfra.errors import InvalidRequest
 
@@ -23,6 +25,7 @@ class Services:
     tokens: TokenService
     clusters: ClusterService
     topics: TopicService
+    settles: SettleService
     registry: RegistryService
     reconcile: ReconcileService
 
@@ -39,8 +42,13 @@ async def get_principal(
     request: Request,
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
+    principal = request.scope.get(PRINCIPAL_SCOPE_KEY)  # authenticated by the gate already
+    if isinstance(principal, Principal):
+        return principal
     services: Services = request.app.state.services
-    return await services.tokens.authenticate(request.headers.get("authorization"))
+    return await services.tokens.authenticate(
+        request.headers.get("authorization"), peer_of(request.scope)
+    )
 
 
 def parse_if_match(

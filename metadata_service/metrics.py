@@ -50,6 +50,17 @@ class ServiceMetrics:
             ["result"],
             registry=self.registry,
         )
+        self.token_cache = Counter(
+            "xinfra_metadata_token_cache_lookups",
+            "API token cache lookups by result (a miss reads the token from the store).",
+            ["result"],
+            registry=self.registry,
+        )
+        # Bound once: ``labels()`` takes a lock and a dict lookup on every read otherwise.
+        self.cache_hits = self.cache.labels("hit")
+        self.cache_misses = self.cache.labels("miss")
+        self.token_cache_hits = self.token_cache.labels("hit")
+        self.token_cache_misses = self.token_cache.labels("miss")
         self.clients_expired = Counter(
             "xinfra_metadata_clients_expired",
             "Registered clients removed after their TTL.",
@@ -63,6 +74,9 @@ class MetricsMiddleware:
     def __init__(self, app: Any, metrics: ServiceMetrics) -> None:
         self.app = app
         self.metrics = metrics
+        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        """(method, route template, status) → its bound counter and histogram; as bounded as
+        the labels are."""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -82,6 +96,12 @@ class MetricsMiddleware:
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
-            method = scope["method"]
-            self.metrics.requests.labels(method, template, str(status)).inc()
-            self.metrics.latency.labels(method, template).observe(time.perf_counter() - start)
+            key = (scope["method"], template, status)
+            children = self._children.get(key)
+            if children is None:
+                children = self._children[key] = (
+                    self.metrics.requests.labels(key[0], template, str(status)),
+                    self.metrics.latency.labels(key[0], template),
+                )
+            children[0].inc()
+            children[1].observe(time.perf_counter() - start)

@@ -6,7 +6,10 @@ Repairs (intents older than the grace period, so no live request is racing):
   otherwise roll back (delete what exists, remove the rows);
 * topic ``deleting``: delete the physical topics, then the rows;
 * epoch intent ``creating`` on an active topic: roll it back (the request that
-  wrote it has given up; its version check would fail anyway).
+  wrote it has given up; its version check would fail anyway);
+* an owed settle (``metadata_service.settle``): finished when every live
+  producer has acknowledged the sealing version or its bound has passed;
+  otherwise reported as ``settle_pending`` (and resumed on this instance).
 
 Drift (reported; ``delete_orphans`` also repairs the second kind):
 
@@ -23,15 +26,57 @@ import time
 
 from metadata_service.runtime import Runtime
 from metadata_service.schemas import ReconcileAction, ReconcileReport
+from metadata_service.settle import SettleService
+from metadata_service.store.repository import SettleRow
 from metadata_service.topics import PHYSICAL_TOPIC_PREFIX, TopicService
 from xinfra.errors import Conflict, TopicNotFound, XinfraError
 from xinfra.model import PhysicalCluster
 
 
 class ReconcileService:
-    def __init__(self, runtime: Runtime, topics: TopicService) -> None:
+    def __init__(self, runtime: Runtime, topics: TopicService, settles: SettleService) -> None:
         self.rt = runtime
         self.topics = topics
+        self.settles = settles
+
+    async def _settles(
+        self, repaired: list[ReconcileAction], drift: list[ReconcileAction], errors: list[str]
+    ) -> None:
+        owed: dict[tuple[str, str, int], list[SettleRow]] = {}
+        for row in await self.rt.db(self.rt.store.owed_settles):
+            owed.setdefault((row.virtual_cluster, row.topic, row.version), []).append(row)
+        for (vc, name, version), rows in owed.items():
+            numbers = [r.epoch for r in rows]
+            left_s = (
+                min(r.created_ms for r in rows) / 1000
+                + self.rt.config.seal_settle_s_max
+                - time.time()
+            )
+            try:
+                behind = await self.settles.behind(vc, name, version)
+                if behind and left_s > 0:
+                    self.settles.resume(vc, name)
+                    for number in numbers:
+                        drift.append(
+                            ReconcileAction(
+                                action="settle_pending",
+                                virtual_cluster=vc,
+                                topic=name,
+                                epoch=number,
+                                detail=f"sealed by version {version}; waiting up to {left_s:.0f} s "
+                                f"more for producers {behind} to acknowledge it",
+                            )
+                        )
+                    continue
+                await self.settles.finish(vc, name, numbers)
+                for number in numbers:
+                    repaired.append(
+                        ReconcileAction(
+                            action="finished_settle", virtual_cluster=vc, topic=name, epoch=number
+                        )
+                    )
+            except XinfraError as error:
+                errors.append(f"settle of epochs {numbers} of {vc}/{name}: {error}")
 
     async def _physical_exists(self, cluster: PhysicalCluster, physical: str) -> bool:
         try:
@@ -112,6 +157,8 @@ class ReconcileService:
                     )
             except (XinfraError, Conflict) as error:
                 errors.append(f"epoch {epoch.number} of {vc}/{name}: {error}")
+
+        await self._settles(repaired, drift, errors)
 
         rows = await self.rt.db(store.all_epochs)
         known: dict[str, set[str]] = {}

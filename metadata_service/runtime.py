@@ -19,6 +19,7 @@ import anyio.to_thread
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from metadata_service.cluster_secrets import resolve
 from metadata_service.config import ServiceConfig
 from metadata_service.metrics import ServiceMetrics
 from metadata_service.notify import MetadataCache, Notifier, TopicKey
@@ -46,23 +47,47 @@ class BackendPool:
         key = (cluster.name, cluster.kind.value, cluster.bootstrap)
         backend = self._backends.get(key)
         if backend is None:
-            try:
-                backend = self.config.backend_factory(cluster)
-            except XinfraError:
-                raise
-            except Exception as error:
-                raise BackendUnavailable(
-                    f"cannot open a {cluster.kind.value} backend for {cluster.name!r}: {error}"
-                ) from error
+            backend = self._open(cluster)
             self._backends[key] = backend
         return backend
+
+    @property
+    def open_count(self) -> int:
+        return len(self._backends)
+
+    def _open(self, cluster: PhysicalCluster) -> Backend:
+        try:
+            return self.config.backend_factory(resolve(cluster))
+        except XinfraError:
+            raise
+        except Exception as error:
+            raise BackendUnavailable(
+                f"cannot open a {cluster.kind.value} backend for {cluster.name!r}: {error}"
+            ) from error
+
+    async def probe(self, cluster: PhysicalCluster) -> None:
+        """Check a cluster through a backend of its own, closed after: a failed check (of a
+        cluster not registered yet) leaves no client reconnecting inside the service."""
+        backend = self._open(cluster)
+        try:
+            await self._bounded(cluster, backend.check())
+        finally:
+            with contextlib.suppress(Exception):  # closing a broken backend must not mask why
+                await backend.close()
 
     async def call(
         self, cluster: PhysicalCluster, operation: Callable[[Backend], Awaitable[T]]
     ) -> T:
         backend = self.get(cluster)
+
+        async def run() -> T:
+            return await operation(backend)
+
+        return await self._bounded(cluster, run())
+
+    async def _bounded(self, cluster: PhysicalCluster, operation: Awaitable[T]) -> T:
         try:
-            return await asyncio.wait_for(operation(backend), self.config.backend_timeout_s)
+            return await asyncio.wait_for(operation, self.config.backend_timeout_s)
         except XinfraError:
             raise
         except TimeoutError:

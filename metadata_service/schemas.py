@@ -221,7 +221,8 @@ class TokenList(BaseModel):
 class ReconcileAction(BaseModel):
     action: str = Field(
         description="finished_create | rolled_back_create | finished_delete | "
-        "rolled_back_epoch | finished_epoch | deleted_orphan | missing_physical_topic | orphan"
+        "rolled_back_epoch | finished_epoch | finished_settle | deleted_orphan | "
+        "missing_physical_topic | orphan | settle_pending"
     )
     virtual_cluster: str | None = None
     topic: str | None = None

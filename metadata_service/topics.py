@@ -10,7 +10,9 @@ virtual layer inconsistent:
 3. commit (``active``/``ready``, rows removed) or roll the intent back.
 
 Rows in ``creating`` are invisible to clients; a crash between steps leaves an
-intent that ``reconcile`` finishes or undoes.  Every visible change bumps the
+intent that ``reconcile`` finishes or undoes.  A seal without given end offsets
+writes its second phase as an intent too, with the version that seals: an owed
+settle that any instance finishes (``metadata_service.settle``).  Every visible change bumps the
 topic version (a compare-and-set, so racing admins get one success and one
 ``version_conflict``) and is published to every instance.
 """
@@ -25,6 +27,7 @@ import secrets
 import time
 from collections.abc import Mapping, Sequence
 
+from metadata_service.metadata_reader import MetadataReader
 from metadata_service.runtime import Runtime
 from metadata_service.schemas import (
     EpochCreate,
@@ -34,11 +37,13 @@ from metadata_service.schemas import (
     TopicSummary,
     TopicUpdate,
 )
+from metadata_service.settle import SettleService, check_end_offsets, seal_end_offsets
 from metadata_service.store.repository import EpochRow, TopicRow
 from xinfra.errors import (
     Conflict,
     InvalidRequest,
     Sealed,
+    ShardCountMismatch,
     TopicNotFound,
     VersionConflict,
     XinfraError,
@@ -64,24 +69,18 @@ def physical_topic_name(vcluster: str, topic: str, epoch: int) -> str:
     return f"{PHYSICAL_TOPIC_PREFIX}{vcluster[:100]}.{topic[:100]}.{digest}.{suffix}"
 
 
-def check_end_offsets(epoch: EpochRow, end_offsets: Mapping[int, int]) -> dict[int, int]:
-    expected = set(range(len(epoch.shards)))
-    if set(end_offsets) != expected:
-        raise InvalidRequest(
-            f"end_offsets of epoch {epoch.number} must name exactly its shards 0..{len(epoch.shards) - 1}"
-        )
-    return {int(k): int(v) for k, v in end_offsets.items()}
-
-
 log = logging.getLogger(__name__)
 
-SEAL_SETTLE_POLL_S = 0.05
-"""How often a two-phase seal re-reads the registry while it waits for producers."""
+Written = tuple[int, bytes, bool]
+"""A write's answer: the version and body of the topic metadata, and whether a settle is still
+pending (the request's answer is then 202: the settle finishes in the background)."""
 
 
 class TopicService:
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, settles: SettleService) -> None:
         self.rt = runtime
+        self.settles = settles
+        self.reader = MetadataReader(runtime)
 
     # ---- reads --------------------------------------------------------------------------
 
@@ -92,11 +91,13 @@ class TopicService:
         if notifier.cache_safe:
             entry = self.rt.cache.get(key)
             if entry is not None:
-                self.rt.metrics.cache.labels("hit").inc()
+                self.rt.metrics.cache_hits.inc()
                 return entry
-        self.rt.metrics.cache.labels("miss").inc()
+        self.rt.metrics.cache_misses.inc()
         generation = self.rt.hub.generation
-        metadata = await self.rt.db(self.rt.store.read_metadata, vc, name)
+        metadata = await self.reader.read(key)
+        if metadata is None:
+            raise TopicNotFound(f"topic {vc}/{name} does not exist")
         body = metadata.model_dump_json().encode()
         if notifier.cache_safe and self.rt.hub.generation == generation:
             self.rt.cache.put(key, metadata.version, body)
@@ -195,17 +196,7 @@ class TopicService:
             await self.rt.backends.call(cluster, lambda b: b.delete_topic(physical))
 
     async def _end_offsets(self, epoch: EpochRow) -> dict[int, int]:
-        cluster = await self._cluster(epoch.cluster)
-
-        async def read(backend):  # type: ignore[no-untyped-def]
-            reader = backend.reader(epoch.physical_topic)
-            try:
-                return await reader.end_offsets()
-            finally:
-                await reader.close()
-
-        offsets = await self.rt.backends.call(cluster, read)
-        return check_end_offsets(epoch, offsets)
+        return await seal_end_offsets(self.rt, epoch)
 
     async def _seal_plan(
         self, epochs: Sequence[EpochRow], given: Mapping[int, int] | None
@@ -256,13 +247,11 @@ class TopicService:
         await self.rt.publish((vc, name), version)
         return await self.metadata_body(vc, name)
 
-    async def seal(
-        self, vc: str, name: str, request: TopicSeal, if_match: int | None
-    ) -> tuple[int, bytes]:
+    async def seal(self, vc: str, name: str, request: TopicSeal, if_match: int | None) -> Written:
         topic, epochs = await self._active(vc, name)
-        expected = self._expected(topic, pick_expected(request.expected_version, if_match))
         if topic.sealed:
-            return await self.metadata_body(vc, name)  # idempotent
+            return await self._settled(vc, name)  # idempotent: completes an owed settle
+        expected = self._expected(topic, pick_expected(request.expected_version, if_match))
         if request.end_offsets is not None:
             plan = await self._seal_plan(epochs, request.end_offsets)
             version = await self.rt.db(
@@ -274,7 +263,7 @@ class TopicService:
                 {"sealed": True},
             )
             await self.rt.publish((vc, name), version)
-            return await self.metadata_body(vc, name)
+            return (*await self.metadata_body(vc, name), False)
         retiring = self._unsealed(epochs)
         version = await self.rt.db(
             self.rt.store.update_epochs,
@@ -285,8 +274,12 @@ class TopicService:
             {"sealed": True},
         )
         await self.rt.publish((vc, name), version)
-        await self._settle_seal(vc, name, version, retiring)
-        return await self.metadata_body(vc, name)
+        return await self._settled(vc, name)
+
+    async def _settled(self, vc: str, name: str) -> Written:
+        """Finish the topic's owed settles (see ``metadata_service.settle``), then answer."""
+        done = await self.settles.settle(vc, name)
+        return (*await self.metadata_body(vc, name), not done)
 
     async def delete(self, vc: str, name: str, expected_version: int | None) -> None:
         topic, epochs = await self.rt.db(self.rt.store.get_topic, vc, name)
@@ -307,7 +300,7 @@ class TopicService:
 
     async def add_epoch(
         self, vc: str, name: str, request: EpochCreate, if_match: int | None
-    ) -> tuple[int, bytes]:
+    ) -> Written:
         topic, epochs = await self._active(vc, name)
         expected = self._expected(topic, pick_expected(request.expected_version, if_match))
         if topic.sealed:
@@ -321,8 +314,16 @@ class TopicService:
             raise InvalidRequest(f"mirror_of {request.mirror_of} is not an epoch of {vc}/{name}")
         cluster = await self._cluster(request.cluster)
         ranges = list(current.shards) if request.shards is None else shard_ranges(request.shards)
-        # Without given end offsets the seal is two-phase (see _settle_seal): this change retires
-        # the epochs with their end offsets unknown, the settle records them.
+        if request.mirror_of is not None:
+            source = next(e for e in ready if e.number == request.mirror_of)
+            if list(source.shards) != ranges:
+                # a mirrored record keeps its source shard: positions translate only range for range
+                raise ShardCountMismatch(
+                    f"epoch {request.mirror_of} of {vc}/{name} has {len(source.shards)} shards; "
+                    f"a mirror of it must have the same key ranges, not {len(ranges)} shards"
+                )
+        # Without given end offsets the seal is two-phase (metadata_service.settle): this change
+        # retires the epochs with their end offsets unknown and owes their settle.
         retiring = (
             self._unsealed(ready) if request.seal_current and request.end_offsets is None else []
         )
@@ -355,84 +356,31 @@ class TopicService:
             await self._delete_physical_quietly(cluster, physical)
             raise
         await self.rt.publish((vc, name), version)
-        await self._settle_seal(vc, name, version, retiring)
-        return await self.metadata_body(vc, name)
+        return await self._settled(vc, name)
 
     @staticmethod
     def _unsealed(epochs: Sequence[EpochRow]) -> list[EpochRow]:
         return [e for e in epochs if e.intent == "ready" and e.state != EpochState.SEALED]
 
-    async def _settle_seal(
-        self, vc: str, name: str, version: int, retiring: Sequence[EpochRow]
-    ) -> None:
-        """Record the end offsets of epochs that ``version`` retired, once no producer writes them.
-
-        A Kafka topic cannot be sealed: it takes writes after its epoch is
-        sealed in MySQL.  So a seal is two-phase.  Version V marks the epochs
-        sealed with end offsets unknown (consumers wait at their end; producers
-        move to the new write epochs).  Producers acknowledge V only after
-        their writes under older versions have settled, so once every live
-        producer has acknowledged V the end offsets read from the backend are
-        final, and a further version records them.  Producers that do not
-        acknowledge within ``seal_settle_s_max`` are waited for no longer (their
-        late writes would be invisible to readers); the log says which.
-        """
-        if not retiring:
-            return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.rt.config.seal_settle_s_max
-        waiter_version = version
-        while True:
-            clients = await self.rt.db(
-                self.rt.store.list_clients, vc, self.rt.config.clients_per_vcluster_max
-            )
-            behind = [
-                c.client_id
-                for c in clients
-                if c.kind == "producer" and name in c.topics and c.acked.get(name, -1) < version
-            ]
-            if not behind:
-                break
-            if loop.time() >= deadline:
-                log.warning(
-                    "sealing %s/%s: producers %s did not acknowledge version %d in %.0f s; "
-                    "recording end offsets without them",
-                    vc,
-                    name,
-                    behind,
-                    version,
-                    self.rt.config.seal_settle_s_max,
-                )
-                break
-            await asyncio.sleep(SEAL_SETTLE_POLL_S)
-        offsets = {epoch.number: await self._end_offsets(epoch) for epoch in retiring}
-        while True:
-            topic, _ = await self.rt.db(self.rt.store.get_topic, vc, name)
-            try:
-                waiter_version = await self.rt.db(
-                    self.rt.store.update_epochs,
-                    vc,
-                    name,
-                    topic.version,
-                    {number: (EpochState.SEALED, ends) for number, ends in offsets.items()},
-                )
-                break
-            except VersionConflict:
-                continue  # another change landed in between; end offsets do not depend on it
-        await self.rt.publish((vc, name), waiter_version)
-
     async def update_epoch(
         self, vc: str, name: str, number: int, request: EpochUpdate, if_match: int | None
-    ) -> tuple[int, bytes]:
+    ) -> Written:
         topic, epochs = await self._active(vc, name)
-        expected = self._expected(topic, pick_expected(request.expected_version, if_match))
         epoch = next((e for e in epochs if e.number == number and e.intent == "ready"), None)
         if epoch is None:
             raise TopicNotFound(f"topic {vc}/{name} has no epoch {number}")
         if epoch.state == EpochState.SEALED and request.state != EpochState.SEALED:
             raise Sealed(f"epoch {number} of {vc}/{name} is sealed; it cannot be reopened")
+        if epoch.state == EpochState.SEALED:
+            # Idempotent, and completes what is missing: given end offsets finish an owed
+            # settle at once; without them the settle is finished (or joined) here.
+            if request.end_offsets is not None and epoch.end_offsets is None:
+                offsets = check_end_offsets(epoch, request.end_offsets)
+                await self.settles.finish(vc, name, [number], {number: offsets})
+            return await self._settled(vc, name)
+        expected = self._expected(topic, pick_expected(request.expected_version, if_match))
         if epoch.state == request.state:
-            return await self.metadata_body(vc, name)
+            return (*await self.metadata_body(vc, name), False)
         end_offsets: dict[int, int] | None = None
         if request.state == EpochState.SEALED:
             end_offsets = (
@@ -446,7 +394,7 @@ class TopicService:
             self.rt.store.update_epochs, vc, name, expected, {number: (request.state, end_offsets)}
         )
         await self.rt.publish((vc, name), version)
-        return await self.metadata_body(vc, name)
+        return (*await self.metadata_body(vc, name), False)
 
 
 def pick_expected(expected_version: int | None, if_match: int | None) -> int | None:

@@ -157,6 +157,22 @@ class Backend(abc.ABC):
     async def delete_topic(self, name: str) -> None:
         """Delete the topic and its data.  Raises ``TopicNotFound`` when absent."""
 
+    async def seal_topic(self, name: str) -> dict[int, int]:
+        """Refuse later appends where the backend can; the end offsets per shard.
+
+        Called when an epoch is sealed, once its producers settled.  Northguard
+        seals the topic natively, so a late producer gets ``Sealed``, never an
+        acknowledgement, and the offsets are final.  Kafka cannot refuse appends
+        by protocol: this default only reads the end offsets, and records that
+        land past them later are reported as orphaned (``migration.orphans``).
+        Idempotent.
+        """
+        reader = self.reader(name)
+        try:
+            return await reader.end_offsets()
+        finally:
+            await reader.close()
+
     @abc.abstractmethod
     def producer(self, topic: str, options: ProducerOptions | None = None) -> ShardProducer: ...
 

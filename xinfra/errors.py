@@ -112,6 +112,47 @@ class Fenced(Conflict):
     code = "fenced"
 
 
+class UnknownMember(Fenced):
+    """The consumer group has no member with this id (it left, expired or never joined): rejoin."""
+
+    code = "unknown_member"
+    http_status = 404
+
+
+class GroupNotFound(NotFound):
+    code = "group_not_found"
+
+
+class VersionAhead(InvalidRequest):
+    """A client reports a metadata version its topic has not reached."""
+
+    code = "version_ahead"
+
+
+class MigrationNotFound(NotFound):
+    code = "migration_not_found"
+
+
+class SameCluster(InvalidRequest):
+    """A migration's target cluster is the one the topic already lives on."""
+
+    code = "migration_same_cluster"
+
+
+class ShardCountMismatch(InvalidRequest):
+    """A migration's target must keep the source's shard key ranges."""
+
+    code = "migration_shard_count_mismatch"
+
+
+class AlreadyMigrating(Conflict):
+    code = "migration_in_progress"
+
+
+class StepOutOfOrder(Conflict):
+    code = "migration_step_out_of_order"
+
+
 class Unavailable(XinfraError):
     """A component needed for the request cannot be reached; retry with backoff."""
 
@@ -128,6 +169,23 @@ class NotLeader(Unavailable):
     """The request reached a broker that does not lead what it asks for."""
 
     code = "not_leader"
+
+
+class NotCoordinator(Unavailable):
+    """Another metadata service instance coordinates this consumer group: go there (``url``)."""
+
+    code = "not_coordinator"
+    http_status = 307
+
+    def __init__(self, message: str, url: str | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+
+
+class GroupMoved(Unavailable):
+    """The instance lost the consumer group to another one while serving the request: retry."""
+
+    code = "group_moved"
 
 
 class Timeout(Unavailable):

@@ -34,6 +34,8 @@ class Settings(BaseSettings):
     # Physical clusters of the local stack.
     kafka_bootstrap: str = "127.0.0.1:9092"
     northguard_bootstrap: str = "127.0.0.1:9470"
+    northguard_http_port: int = 9471
+    """The local Northguard broker's health and metrics port (``/health``, ``/metrics``)."""
 
     # Northguard broker defaults (DESIGN.md §3; each bound named with its unit).
     segment_bytes_max: int = 1 << 30
@@ -58,7 +60,43 @@ class Settings(BaseSettings):
     request_bytes_max: int = 4 << 20
 
 
+LOCAL_STACK_FIELDS = (
+    "metadata_url",
+    "zookeeper",
+    "kafka_bootstrap",
+    "northguard_bootstrap",
+    "northguard_http_port",
+)
+
+
+def with_local_stack(settings: Settings) -> Settings:
+    """Fill what ``XINFRA_*`` leaves unset from the local stack, so any shell finds it.
+
+    The order is: ``XINFRA_*`` settings; then the user config that ``xinfra up``
+    writes (``$XDG_CONFIG_HOME/xinfra/stack.json``: run directory, URLs, token
+    file) when the stack it names still runs; then the repository's run
+    directory (``.xinfra`` in the current directory, else beside the package of
+    a source checkout).  The token is then found as ``<run_dir>/admin-token``.
+    """
+    from xinfra.services.state import live_stack, read_user_config
+
+    explicit = settings.model_fields_set
+    updates: dict[str, object] = {}
+    if live_stack() is not None:
+        config = read_user_config() or {}
+        if "run_dir" not in explicit:
+            updates["run_dir"] = Path(config["run_dir"])
+        for name in LOCAL_STACK_FIELDS:
+            if name not in explicit and name in config:
+                updates[name] = config[name]
+    elif "run_dir" not in explicit and not settings.run_dir.exists():
+        checkout = Path(__file__).resolve().parent.parent / ".xinfra"
+        if checkout.is_dir():
+            updates["run_dir"] = checkout
+    return settings.model_copy(update=updates) if updates else settings
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """The process-wide settings, read from the environment once."""
-    return Settings()
+    """The process-wide settings, read from the environment (and the local stack) once."""
+    return with_local_stack(Settings())

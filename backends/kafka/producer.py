@@ -19,13 +19,17 @@ throughput of a bare loop that polls inline.
   explicitly (Kafka's partitioner is never used).  Nothing is queued when a
   check fails.
 * One ``_Batch`` per ``send``: librdkafka reports each message; the report
-  appends the offset to the batch's list, and the one report that completes
-  the batch settles its future.  So an awaiting task wakes once per ``send``,
-  not once per record (M acks for N appends).
+  appends the offset to the batch's list, and nothing else.  After each poll
+  the producer settles the batches that are complete, looking only at the
+  oldest unsettled batch of each partition (reports come in produce order).
+  So an awaiting task wakes once per ``send``, not once per record (M acks
+  for N appends), and a record's report costs one list append.
+* ``send``'s checks (sizes, plain records) run as C passes over the batch
+  (``map`` over attribute getters), not a Python loop per record.
 * Per-partition order: librdkafka with ``enable.idempotence`` keeps a
   partition's messages in produce order across internal retries and reports
   them in that order, so a batch's offsets arrive sorted; ``_settle`` checks
-  it.
+  it, and relies on it to settle batches in order.
 
 Bounds: ``buffer_bytes_max`` payload bytes and ``BUFFER_RECORDS_MAX`` records
 unacknowledged; past either, ``send`` raises ``Backpressure`` at once.
@@ -40,9 +44,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import islice
+from operator import add, attrgetter, lt
 from typing import Any, Final
 
 from confluent_kafka import KafkaError, Message, Producer
@@ -61,6 +67,11 @@ POLL_TICK_S: Final = 0.001
 IDLE_POLL_S: Final = 0.1
 """How often the loop polls when nothing is in flight: errors and logs still flow, nothing piles up."""
 
+_VALUE = attrgetter("value")
+_KEY = attrgetter("key")
+_HEADERS = attrgetter("headers")
+_TIMESTAMP = attrgetter("timestamp_ms")
+
 
 class _Batch:
     """The records of one ``send``: filled by delivery reports, settled when the last arrives."""
@@ -73,17 +84,12 @@ class _Batch:
         "failure",
         "future",
         "offsets",
-        "owner",
         "report",
         "settled",
         "shard",
-        "shrink",
     )
 
-    def __init__(
-        self, owner: KafkaShardProducer, shard: int, count: int, size: int, loop: Any
-    ) -> None:
-        self.owner = owner
+    def __init__(self, shard: int, count: int, size: int, loop: Any) -> None:
         self.shard = shard
         self.count = count  # records sent, for the buffer bound
         self.expected = count  # delivery reports to wait for
@@ -93,14 +99,13 @@ class _Batch:
         self.failure: XinfraError | None = None
         self.future: asyncio.Future[list[int]] = loop.create_future()
         self.settled: asyncio.Future[None] = loop.create_future()
-        offsets = self.offsets
-        append = offsets.append
-        expected = count  # a closure cell: cheaper to read than an attribute, per record
+        append = self.offsets.append
 
         def report(error: KafkaError | None, message: Message) -> None:
-            """The delivery report of one record (a closure: fewer lookups per record).
+            """The delivery report of one record: a closure doing only what each record needs.
 
-            Only the report that completes the batch settles it.
+            Completion is checked by the producer after each poll, once per
+            batch, not here once per record.
             """
             if error is None:
                 append(message.offset())  # type: ignore[arg-type]
@@ -108,16 +113,12 @@ class _Batch:
                 if self.error is None:
                     self.error = error
                 append(-1)
-            if len(offsets) == expected:
-                owner.wake(self)
-
-        def shrink(queued: int) -> None:
-            """Expect only the records librdkafka took (the rare failed ``produce``)."""
-            nonlocal expected
-            expected = self.expected = queued
 
         self.report = report
-        self.shrink = shrink
+
+    @property
+    def complete(self) -> bool:
+        return len(self.offsets) >= self.expected
 
 
 class KafkaShardProducer(ShardProducer):
@@ -145,6 +146,8 @@ class KafkaShardProducer(ShardProducer):
             self._producer.purge()
             raise
         self._batches: set[_Batch] = set()
+        self._in_order: dict[int, deque[_Batch]] = {}
+        """Unsettled batches per partition, oldest first: the order their reports arrive in."""
         self._buffered_bytes = 0
         self._buffered_records = 0
         self._closed = False
@@ -168,35 +171,39 @@ class KafkaShardProducer(ShardProducer):
         loop = self._loop
         if loop is None:
             loop = self._start_ticking(asyncio.get_running_loop())
-        size = 0
-        plain = True  # no record has headers or a timestamp: the fast produce loop applies
+        count = len(records)
+        values = list(map(_VALUE, records))
+        keys = list(map(_KEY, records))
+        # Plain records (no headers, no timestamp) take the fast paths; every pass is in C.
+        plain = not any(map(_HEADERS, records)) and not any(map(_TIMESTAMP, records))
+        keyed = any(keys)
+        sizes: list[int] | None = None
+        if plain:
+            with contextlib.suppress(TypeError):  # a None value, or a None key among keys
+                sizes = list(map(len, values))
+                if keyed:
+                    sizes = list(map(add, sizes, map(len, keys)))
+        if sizes is None:
+            sizes = [record.size_bytes() for record in records]
         record_bytes_max = self.options.record_bytes_max
-        for record in records:
-            if record.headers:
-                record_bytes = record.size_bytes()
-                plain = False
-            else:  # Record.size_bytes inlined for the common case: a third of the cost
-                key, value = record.key, record.value
-                record_bytes = (len(key) if key else 0) + (len(value) if value else 0)
-                if record.timestamp_ms is not None:
-                    plain = False
-            if record_bytes > record_bytes_max:
-                raise RecordTooLarge(
-                    f"record of {record_bytes} bytes exceeds record_bytes_max={record_bytes_max} "
-                    f"for topic {self.topic!r}; split the value or raise the limit"
-                )
-            size += record_bytes
-        self._check_room(len(records), size)
-        batch = _Batch(self, shard, len(records), size, loop)
+        if count and max(sizes) > record_bytes_max:
+            raise RecordTooLarge(
+                f"record of {max(sizes)} bytes exceeds record_bytes_max={record_bytes_max} "
+                f"for topic {self.topic!r}; split the value or raise the limit"
+            )
+        size = sum(sizes)
+        self._check_room(count, size)
+        batch = _Batch(shard, count, size, loop)
         if not records:
             batch.future.set_result([])
             batch.settled.set_result(None)
             return batch.future
         self._batches.add(batch)
+        self._in_order.setdefault(shard, deque()).append(batch)
         self._buffered_bytes += size
-        self._buffered_records += len(records)
-        self._produce(batch, records, plain)
-        self._producer.poll(0)  # reports of earlier sends that are ready: no wait, no thread
+        self._buffered_records += count
+        self._produce(batch, records, values, keys if keyed else None, plain)
+        self._poll()  # reports of earlier sends that are ready: no wait, no thread
         self._tick_soon()
         return batch.future
 
@@ -217,19 +224,32 @@ class KafkaShardProducer(ShardProducer):
                 f"{buffer_bytes_max}); await earlier sends before sending more"
             )
 
-    def _produce(self, batch: _Batch, records: Sequence[Record], plain: bool) -> None:
+    def _produce(
+        self,
+        batch: _Batch,
+        records: Sequence[Record],
+        values: list[bytes | None],
+        keys: list[bytes | None] | None,
+        plain: bool,
+    ) -> None:
         produce = self._producer.produce
         topic = self.topic
         shard = batch.shard
         on_delivery = batch.report
-        remaining = iter(records)
+        remaining: Any
         try:
             # Positional arguments: keyword parsing would cost a third of the call.
             # (topic, value, key, partition, callback, on_delivery, timestamp, headers)
-            if plain:  # librdkafka stamps the send time, as Record.timestamp_ms=None asks
-                for record in remaining:
-                    produce(topic, record.value, record.key, shard, on_delivery)
+            if plain and keys is None:  # librdkafka stamps the send time, as None asks
+                remaining = iter(values)
+                for value in remaining:
+                    produce(topic, value, None, shard, on_delivery)
+            elif plain and keys is not None:
+                remaining = zip(values, keys, strict=True)
+                for value, key in remaining:
+                    produce(topic, value, key, shard, on_delivery)
             else:
+                remaining = iter(records)
                 for record in remaining:
                     headers = record.headers
                     produce(
@@ -250,16 +270,27 @@ class KafkaShardProducer(ShardProducer):
             error = from_exception(exc, self.bootstrap, f"producing to {topic}/{shard}")
             log.warning("%s", error)
             batch.failure = error
-            batch.shrink(queued)
-            if len(batch.offsets) == queued:
-                self._settle(batch)
+            batch.expected = queued
 
-    def wake(self, batch: _Batch) -> None:
-        """Called by the report that completes a batch (inside a poll, on the event loop)."""
-        self._settle(batch)
+    def _poll(self) -> None:
+        """Serve ready delivery reports, then settle the batches they completed.
+
+        librdkafka reports a partition's records in produce order
+        (idempotence), so a partition's batches complete in send order: only
+        the oldest of each partition is looked at, once per poll, not once
+        per record.
+        """
+        try:
+            self._producer.poll(0)
+        finally:
+            for shard, waiting in list(self._in_order.items()):
+                while waiting and waiting[0].complete:
+                    self._settle(waiting.popleft())
+                if not waiting:
+                    del self._in_order[shard]
 
     def _settle(self, batch: _Batch) -> None:
-        if batch.settled.done():  # the rare produce failure settles before its reports end
+        if batch.settled.done():
             return
         batch.settled.set_result(None)
         self._batches.discard(batch)
@@ -271,7 +302,7 @@ class KafkaShardProducer(ShardProducer):
             batch.future.set_exception(batch.failure)
         elif batch.error is None:
             offsets = batch.offsets
-            assert all(a < b for a, b in itertools.pairwise(offsets)), (
+            assert all(map(lt, offsets, islice(offsets, 1, None))), (
                 f"offsets of one send to {self.topic}/{batch.shard} not increasing: {offsets}"
             )
             batch.future.set_result(offsets)
@@ -292,7 +323,7 @@ class KafkaShardProducer(ShardProducer):
         if self._tick is not None:
             self._tick.cancel()
             self._tick = None
-        self._producer.poll(0)
+        self._poll()
         if self._on_close is not None:
             self._on_close(self)
 
@@ -320,7 +351,7 @@ class KafkaShardProducer(ShardProducer):
         ticking stopped would leave every send in flight unresolved.
         """
         try:
-            self._producer.poll(0)
+            self._poll()
         finally:
             if self._closed and not self._batches:
                 self._tick = None

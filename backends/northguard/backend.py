@@ -73,6 +73,12 @@ class NorthguardBackend(Backend):
         self._views.pop(name, None)
         await self._admin.delete_topic(name)
 
+    async def seal_topic(self, name: str) -> dict[int, int]:
+        """Seal the topic natively: later appends fail with ``Sealed``; the offsets are final."""
+        self._views.pop(name, None)
+        view = await self._admin.seal_topic(name)
+        return {shard: r.end_offset for shard, r in enumerate(view.ranges)}
+
     def producer(self, topic: str, options: ProducerOptions | None = None) -> ShardProducer:
         """A producer to ``topic``; knows its ranges now, so ``send`` refuses a bad shard at once.
 

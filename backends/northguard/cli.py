@@ -44,6 +44,11 @@ def broker(
     segment_bytes_max: int = typer.Option(0, help="Seal segments at this size (0: settings)."),
     segment_age_s_max: float = typer.Option(0.0, help="Seal segments at this age (0: settings)."),
     group_commit_ms: float = typer.Option(-1.0, help="Group commit window (-1: settings)."),
+    descriptors_max: int = typer.Option(
+        0,
+        help="Bound of the open segment file pool (0: a quarter of RLIMIT_NOFILE, at most 4096; "
+        "refused at start when not well under the limit).",
+    ),
     log_level: str = typer.Option("INFO", help="Logging level."),
 ) -> None:
     """Run one Northguard broker until SIGTERM or Ctrl-C."""
@@ -62,6 +67,7 @@ def broker(
         group_commit_bytes_max=settings.group_commit_bytes_max,
         group_commit_records_max=settings.group_commit_records_max,
         frame_bytes_max=settings.frame_bytes_max,
+        descriptors_max=descriptors_max or None,
     )
     run_broker(config, log_level)
 

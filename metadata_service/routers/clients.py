@@ -33,9 +33,12 @@ async def register_client(
     services: ServicesDep,
     principal: PrincipalDep,
 ) -> ClientOut:
-    """Register (or re-register) a producer or consumer with a lease of ``ttl_s``."""
+    """Register (or re-register) a producer or consumer with a lease of ``ttl_s``.
+
+    The client id then belongs to this token until it expires or is unregistered (403 for others).
+    """
     principal.require_read(vc)
-    return await services.registry.register(vc, client_id, request)
+    return await services.registry.register(vc, client_id, request, principal)
 
 
 @router.post("/clients/{client_id}/heartbeat", response_model=ClientOut)
@@ -46,9 +49,12 @@ async def heartbeat(
     services: ServicesDep,
     principal: PrincipalDep,
 ) -> ClientOut:
-    """Extend the lease and report the metadata versions the client runs on (404: register again)."""
+    """Extend the lease and report the metadata versions the client runs on (404: register again).
+
+    Only the registering token (403); a version above the topic's is refused (400 version_ahead).
+    """
     principal.require_read(vc)
-    return await services.registry.heartbeat(vc, client_id, request)
+    return await services.registry.heartbeat(vc, client_id, request, principal)
 
 
 @router.get("/clients/{client_id}", response_model=ClientOut)
@@ -63,8 +69,9 @@ async def describe_client(
 async def unregister_client(
     vc: NamePath, client_id: ClientPath, services: ServicesDep, principal: PrincipalDep
 ) -> Response:
+    """By the registering token or an admin of the virtual cluster (403 for others)."""
     principal.require_read(vc)
-    await services.registry.delete(vc, client_id)
+    await services.registry.delete(vc, client_id, principal)
     return Response(status_code=204)
 
 

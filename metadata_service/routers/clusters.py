@@ -31,19 +31,21 @@ async def register_cluster(
 ) -> PhysicalClusterOut:
     """Register a Kafka or Northguard cluster (admin of all)."""
     principal.require_admin()
-    return await services.clusters.register(cluster, check)
+    return await services.clusters.register(cluster, check, principal)
 
 
 @router.get("/clusters", response_model=PhysicalClusterList, tags=["clusters"])
 async def list_clusters(services: ServicesDep, principal: PrincipalDep) -> PhysicalClusterList:
-    return PhysicalClusterList(clusters=await services.clusters.list_clusters())
+    """Every cluster; secret attributes redacted for an admin of all, left out for anyone else."""
+    return PhysicalClusterList(clusters=await services.clusters.list_clusters(principal))
 
 
 @router.get("/clusters/{name}", response_model=PhysicalClusterOut, tags=["clusters"])
 async def describe_cluster(
     name: NamePath, services: ServicesDep, principal: PrincipalDep
 ) -> PhysicalClusterOut:
-    return await services.clusters.get(name)
+    """One cluster; secret attributes redacted for an admin of all, left out for anyone else."""
+    return await services.clusters.get(name, principal)
 
 
 @router.delete("/clusters/{name}", status_code=204, tags=["clusters"])

@@ -16,12 +16,19 @@ from metadata_service.schemas import (
     TopicSeal,
     TopicUpdate,
 )
-from metadata_service.topics import pick_expected
+from metadata_service.topics import Written, pick_expected
 from xinfra.model import NAME_PATTERN, TopicMetadata
 
 ERRORS = problem_responses(400, 401, 403, 404, 409, 413, 422, 429, 503, 504)
 NamePath = Annotated[str, Path(pattern=NAME_PATTERN, max_length=200)]
 METADATA = {"model": TopicMetadata, "description": "The topic metadata; ETag is its version."}
+PENDING = {
+    "model": TopicMetadata,
+    "description": "Sealed, but the sealed epochs' end offsets are still being settled (the "
+    "service is shutting down or waits for producers): the metadata shows them as null. The "
+    "settle is durable and finishes in the background or at the next start; repeat the seal "
+    "to wait for it.",
+}
 
 router = APIRouter(prefix="/v1/vclusters/{vc}/topics", tags=["topics"], responses=ERRORS)
 
@@ -34,6 +41,12 @@ def metadata_response(version_body: tuple[int, bytes], status_code: int = 200) -
         media_type="application/json",
         headers={"ETag": f'"{version}"'},
     )
+
+
+def written_response(written: Written, status_code: int = 200) -> Response:
+    """202 while a settle is pending (see ``metadata_service.settle``)."""
+    version, body, pending = written
+    return metadata_response((version, body), 202 if pending else status_code)
 
 
 @router.post("", status_code=201, response_model=None, responses={201: METADATA})
@@ -106,7 +119,7 @@ async def update_topic(
     return metadata_response(await services.topics.update(vc, topic, request, if_match))
 
 
-@router.post("/{topic}/seal", response_model=None, responses={200: METADATA})
+@router.post("/{topic}/seal", response_model=None, responses={200: METADATA, 202: PENDING})
 async def seal_topic(
     vc: NamePath,
     topic: NamePath,
@@ -117,7 +130,7 @@ async def seal_topic(
 ) -> Response:
     """Seal the topic and every unsealed epoch (with end offsets); idempotent."""
     principal.require_admin(vc)
-    return metadata_response(await services.topics.seal(vc, topic, request, if_match))
+    return written_response(await services.topics.seal(vc, topic, request, if_match))
 
 
 @router.delete("/{topic}", status_code=204)
@@ -135,7 +148,12 @@ async def delete_topic(
     return Response(status_code=204)
 
 
-@router.post("/{topic}/epochs", status_code=201, response_model=None, responses={201: METADATA})
+@router.post(
+    "/{topic}/epochs",
+    status_code=201,
+    response_model=None,
+    responses={201: METADATA, 202: PENDING},
+)
 async def add_epoch(
     vc: NamePath,
     topic: NamePath,
@@ -146,10 +164,12 @@ async def add_epoch(
 ) -> Response:
     """Add an epoch on a physical cluster, sealing the current one with its end offsets."""
     principal.require_admin(vc)
-    return metadata_response(await services.topics.add_epoch(vc, topic, request, if_match), 201)
+    return written_response(await services.topics.add_epoch(vc, topic, request, if_match), 201)
 
 
-@router.patch("/{topic}/epochs/{number}", response_model=None, responses={200: METADATA})
+@router.patch(
+    "/{topic}/epochs/{number}", response_model=None, responses={200: METADATA, 202: PENDING}
+)
 async def update_epoch(
     vc: NamePath,
     topic: NamePath,
@@ -161,6 +181,6 @@ async def update_epoch(
 ) -> Response:
     """Change an epoch's state (active, dual_write, sealed with end offsets)."""
     principal.require_admin(vc)
-    return metadata_response(
+    return written_response(
         await services.topics.update_epoch(vc, topic, number, request, if_match)
     )

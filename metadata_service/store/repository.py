@@ -20,11 +20,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
+from metadata_service.cluster_secrets import public_attributes
 from metadata_service.store import tables as t
 from xinfra.errors import (
     Backpressure,
     ClusterNotFound,
     Conflict,
+    Forbidden,
     NotFound,
     TopicAlreadyExists,
     TopicNotFound,
@@ -39,7 +41,6 @@ from xinfra.model import (
     Shard,
     TopicMetadata,
     VirtualCluster,
-    VirtualTopic,
 )
 
 
@@ -126,6 +127,8 @@ class ClientRow:
     heartbeat_ms: int
     expires_ms: int
     version: int
+    owner: str = ""
+    """The name of the token that registered the client ("" before revision 0006: anyone's)."""
 
 
 @dataclass
@@ -134,6 +137,17 @@ class TokenRow:
     name: str
     role: str
     scope: str
+    created_ms: int
+
+
+@dataclass
+class SettleRow:
+    """An owed settle: epoch ``epoch`` was sealed by ``version`` with its end offsets unknown."""
+
+    virtual_cluster: str
+    topic: str
+    epoch: int
+    version: int
     created_ms: int
 
 
@@ -189,6 +203,7 @@ def _client_row(row: Any) -> ClientRow:
         heartbeat_ms=int(row.heartbeat_ms),
         expires_ms=int(row.expires_ms),
         version=int(row.version),
+        owner=row.owner,
     )
 
 
@@ -216,6 +231,106 @@ def _epoch_values(epoch: EpochRow) -> dict[str, Any]:
         "intent": epoch.intent,
         "updated_ms": now_ms(),
     }
+
+
+_READ_METADATA = (
+    sa.select(
+        t.topics.c.virtual_cluster,
+        t.topics.c.name,
+        t.topics.c.state,
+        t.topics.c.config,
+        t.topics.c.sealed,
+        t.topics.c.version,
+        t.epochs.c.number,
+        t.epochs.c.cluster,
+        t.epochs.c.physical_topic,
+        t.epochs.c.shards,
+        t.epochs.c.state.label("epoch_state"),
+        t.epochs.c.end_offsets,
+        t.epochs.c.mirror_of,
+        t.physical_clusters.c.kind,
+        t.physical_clusters.c.bootstrap,
+        t.physical_clusters.c.attributes,
+    )
+    .select_from(
+        t.topics.outerjoin(
+            t.epochs,
+            sa.and_(
+                t.epochs.c.virtual_cluster == t.topics.c.virtual_cluster,
+                t.epochs.c.topic == t.topics.c.name,
+                t.epochs.c.intent == "ready",
+            ),
+        ).outerjoin(t.physical_clusters, t.physical_clusters.c.name == t.epochs.c.cluster)
+    )
+    .where(
+        sa.tuple_(t.topics.c.virtual_cluster, t.topics.c.name).in_(
+            sa.bindparam("keys", expanding=True)
+        )
+    )
+)
+"""``read_metadata_many``'s one query, built once (building a select costs more than running it).
+
+No ORDER BY: MySQL would sort through a temporary table (the rows hold TEXT
+columns), which costs ten times the query; the caller sorts the few rows."""
+
+
+def _metadata(key: tuple[str, str], rows: list[Any]) -> TopicMetadata | None:
+    """One topic's client view from its rows of ``_READ_METADATA`` (None: not visible).
+
+    Every reader of the metadata is a client: its clusters carry their public
+    attributes only (``metadata_service.cluster_secrets``)."""
+    if not rows or rows[0].state != "active" or rows[0].number is None:
+        return None
+    rows.sort(key=lambda row: int(row.number))
+    head = rows[0]
+    return TopicMetadata.model_validate(
+        {
+            "topic": {
+                "virtual_cluster": key[0],
+                "name": key[1],
+                "config": json.loads(head.config),
+                "sealed": bool(head.sealed),
+            },
+            "version": head.version,
+            "epochs": [
+                {
+                    "number": row.number,
+                    "cluster": row.cluster,
+                    "physical_topic": row.physical_topic,
+                    "shards": [
+                        {"index": index, "key_range": bounds}
+                        for index, bounds in enumerate(json.loads(row.shards))
+                    ],
+                    "state": row.epoch_state,
+                    "end_offsets": (
+                        json.loads(row.end_offsets) if row.end_offsets is not None else None
+                    ),
+                    "mirror_of": row.mirror_of,
+                }
+                for row in rows
+            ],
+            "clusters": {
+                row.cluster: {
+                    "name": row.cluster,
+                    "kind": row.kind,
+                    "bootstrap": row.bootstrap,
+                    "attributes": public_attributes(json.loads(row.attributes)),
+                }
+                for row in rows
+            },
+        }
+    )
+
+
+def _require_owner(row: Any, owner: str, now: int) -> None:
+    """``Forbidden`` unless ``owner`` registered the client, it has no owner (a row from before
+    revision 0006) or it expired before ``now`` (0: never treat it as expired)."""
+    if row.owner in ("", owner) or (now and row.expires_ms <= now):
+        return
+    raise Forbidden(
+        f"client {row.client_id!r} of {row.virtual_cluster!r} was registered by another token; "
+        "only that token may heartbeat, re-register or unregister it (pick another client id)"
+    )
 
 
 class MetadataStore:
@@ -336,13 +451,28 @@ class MetadataStore:
             ]
 
     def delete_vcluster(self, name: str) -> None:
+        """Delete a virtual cluster without topics or tokens scoped to it."""
         with self._tx() as c:
+            # Lock the row first: a token being scoped to it concurrently is then seen below.
+            c.execute(
+                sa.select(t.virtual_clusters.c.name)
+                .where(t.virtual_clusters.c.name == name)
+                .with_for_update()
+            ).first()
             has_topic = c.execute(
                 sa.select(t.topics.c.name).where(t.topics.c.virtual_cluster == name).limit(1)
             ).first()
             if has_topic is not None:
                 raise Conflict(
                     f"virtual cluster {name!r} still has topics (e.g. {has_topic.name!r}); delete them first"
+                )
+            scoped = c.execute(
+                sa.select(t.api_tokens.c.name).where(t.api_tokens.c.scope == name).limit(1)
+            ).first()
+            if scoped is not None:
+                raise Conflict(
+                    f"virtual cluster {name!r} still has tokens scoped to it "
+                    f"(e.g. {scoped.name!r}); delete them first"
                 )
             if (
                 c.execute(
@@ -412,6 +542,11 @@ class MetadataStore:
             c.execute(
                 t.epochs.delete().where(t.epochs.c.virtual_cluster == vc, t.epochs.c.topic == name)
             )
+            c.execute(
+                t.settles.delete().where(
+                    t.settles.c.virtual_cluster == vc, t.settles.c.topic == name
+                )
+            )
         return True
 
     def get_topic(self, vc: str, name: str) -> tuple[TopicRow, list[EpochRow]]:
@@ -430,25 +565,28 @@ class MetadataStore:
         return _topic_row(row), [_epoch_row(e) for e in epoch_rows]
 
     def read_metadata(self, vc: str, name: str) -> TopicMetadata:
-        """The client view: active topics, ready epochs, and the clusters they live on."""
-        topic, epoch_rows = self.get_topic(vc, name)
-        if topic.state != "active":
-            raise TopicNotFound(f"topic {vc}/{name} does not exist (it is {topic.state})")
-        ready = [e for e in epoch_rows if e.intent == "ready"]
-        names = sorted({e.cluster for e in ready})
+        """The client view of one topic (see ``read_metadata_many``)."""
+        metadata = self.read_metadata_many([(vc, name)])[(vc, name)]
+        if metadata is None:
+            raise TopicNotFound(f"topic {vc}/{name} does not exist")
+        return metadata
+
+    def read_metadata_many(
+        self, keys: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], TopicMetadata | None]:
+        """The client view of each (virtual cluster, topic): the active topic, its ready epochs
+        and the clusters they live on; None for a topic that is not visible.
+
+        One query, one round trip for all the keys: the topics joined to their
+        ready epochs (same shard) and to the small reference table of physical
+        clusters.  An active topic always has a ready epoch, so a topic row
+        without one is not (yet, or any more) visible.
+        """
+        rows: dict[tuple[str, str], list[Any]] = {key: [] for key in keys}
         with self.engine.connect() as c:
-            rows = c.execute(
-                sa.select(t.physical_clusters).where(t.physical_clusters.c.name.in_(names))
-            ).all()
-        clusters = {row.name: _cluster_model(row)[0] for row in rows}
-        return TopicMetadata(
-            topic=VirtualTopic(
-                virtual_cluster=vc, name=name, config=topic.config, sealed=topic.sealed
-            ),
-            version=topic.version,
-            epochs=[e.to_model() for e in ready],
-            clusters=clusters,
-        )
+            for row in c.execute(_READ_METADATA, {"keys": list(rows)}):
+                rows[(row.virtual_cluster, row.name)].append(row)
+        return {key: _metadata(key, found) for key, found in rows.items()}
 
     def list_topics(self, vc: str, after: str | None, limit: int) -> list[TopicRow]:
         query = sa.select(t.topics).where(t.topics.c.virtual_cluster == vc)
@@ -517,9 +655,16 @@ class MetadataStore:
         number: int,
         sealed: dict[int, dict[int, int] | None],
     ) -> int:
-        """One transaction: bump the topic, seal the given epochs (end offsets may follow later), ready the new one."""
+        """One transaction: bump the topic, seal the given epochs, ready the new one.
+
+        An epoch sealed without end offsets is owed a settle, recorded in the
+        same transaction (see ``metadata_service.settle``).
+        """
         with self._tx() as c:
             version = self._cas_topic(c, vc, name, expected_version)
+            self._owe_settles(
+                c, vc, name, version, [n for n, ends in sealed.items() if ends is None]
+            )
             for sealed_number, end_offsets in sealed.items():
                 c.execute(
                     t.epochs.update()
@@ -568,10 +713,19 @@ class MetadataStore:
         changes: dict[int, tuple[EpochState, dict[int, int] | None]],
         topic_values: dict[str, Any] | None = None,
     ) -> int:
-        """One transaction: bump the topic and set the state (and end offsets) of some epochs."""
+        """One transaction: bump the topic and set the state (and end offsets) of some epochs.
+
+        An epoch sealed without end offsets is owed a settle, recorded in the same transaction.
+        """
         values = dict(topic_values or {})
         with self._tx() as c:
             version = self._cas_topic(c, vc, name, expected_version, **values)
+            owed = [
+                number
+                for number, (state, end_offsets) in changes.items()
+                if state == EpochState.SEALED and end_offsets is None
+            ]
+            self._owe_settles(c, vc, name, version, owed)
             for number, (state, end_offsets) in changes.items():
                 c.execute(
                     t.epochs.update()
@@ -585,6 +739,88 @@ class MetadataStore:
                         end_offsets=json.dumps(end_offsets) if end_offsets is not None else None,
                         updated_ms=now_ms(),
                     )
+                )
+        return version
+
+    # ---- owed settles ------------------------------------------------------------------
+
+    @staticmethod
+    def _owe_settles(
+        c: Connection, vc: str, name: str, version: int, numbers: Sequence[int]
+    ) -> None:
+        created = now_ms()
+        for number in numbers:
+            c.execute(
+                t.settles.insert().values(
+                    virtual_cluster=vc,
+                    topic=name,
+                    epoch=number,
+                    version=version,
+                    created_ms=created,
+                )
+            )
+
+    def owed_settles(self, vc: str | None = None, name: str | None = None) -> list[SettleRow]:
+        """Owed settles of one topic, or of every topic (a scatter read, at start and in reconcile)."""
+        query = sa.select(t.settles)
+        if vc is not None and name is not None:
+            query = query.where(t.settles.c.virtual_cluster == vc, t.settles.c.topic == name)
+        order = (t.settles.c.virtual_cluster, t.settles.c.topic, t.settles.c.epoch)
+        with self.engine.connect() as c:
+            rows = c.execute(query.order_by(*order)).all()
+        return [
+            SettleRow(
+                virtual_cluster=r.virtual_cluster,
+                topic=r.topic,
+                epoch=int(r.epoch),
+                version=int(r.version),
+                created_ms=int(r.created_ms),
+            )
+            for r in rows
+        ]
+
+    def finish_settle(
+        self, vc: str, name: str, end_offsets: dict[int, dict[int, int]]
+    ) -> int | None:
+        """One transaction: record the end offsets of owed epochs, drop their settles, bump the topic.
+
+        Idempotent across racing settlers (two instances, a request and a
+        resume): the topic row is locked first, and only epochs whose settle
+        is still owed are written, so the first settler's offsets stand.
+        Returns the new version, or None when nothing was owed any more (or
+        the topic is no longer active).
+        """
+        with self._tx() as c:
+            topic = c.execute(
+                sa.select(t.topics.c.version, t.topics.c.state)
+                .where(t.topics.c.virtual_cluster == vc, t.topics.c.name == name)
+                .with_for_update()
+            ).first()
+            if topic is None:
+                return None
+            owed = [
+                number
+                for number in end_offsets
+                if c.execute(
+                    t.settles.delete().where(
+                        t.settles.c.virtual_cluster == vc,
+                        t.settles.c.topic == name,
+                        t.settles.c.epoch == number,
+                    )
+                ).rowcount
+            ]
+            if not owed or topic.state != "active":
+                return None
+            version = self._cas_topic(c, vc, name, int(topic.version))
+            for number in owed:
+                c.execute(
+                    t.epochs.update()
+                    .where(
+                        t.epochs.c.virtual_cluster == vc,
+                        t.epochs.c.topic == name,
+                        t.epochs.c.number == number,
+                    )
+                    .values(end_offsets=json.dumps(end_offsets[number]), updated_ms=now_ms())
                 )
         return version
 
@@ -633,10 +869,18 @@ class MetadataStore:
         topics: Sequence[str],
         ttl_s: float,
         clients_max: int,
+        owner: str,
     ) -> ClientRow:
-        """Register or re-register a client; acknowledged versions of kept topics survive."""
+        """Register or re-register a client for ``owner`` (a token's name).
+
+        A live client registered by another token is ``Forbidden``; an expired
+        one (not purged yet) is taken over, its acknowledgements dropped.
+        Acknowledged versions of kept topics survive a re-registration by the
+        same owner.
+        """
         now = now_ms()
         values = {
+            "owner": owner,
             "kind": kind,
             "host": host,
             "topics": json.dumps(list(topics)),
@@ -652,7 +896,10 @@ class MetadataStore:
                     )
                 ).first()
                 if row is not None:
+                    _require_owner(row, owner, now)
                     acked = {k: v for k, v in json.loads(row.acked).items() if k in set(topics)}
+                    if row.owner != owner:
+                        acked = {}  # another principal's acknowledgements are not ours
                     c.execute(
                         t.clients.update()
                         .where(
@@ -703,11 +950,17 @@ class MetadataStore:
             )
         return _client_row(row)
 
-    def heartbeat_client(self, vc: str, client_id: str, versions: dict[str, int]) -> ClientRow:
-        """Extend the lease and record acknowledged versions (they only move forward)."""
+    def heartbeat_client(
+        self, vc: str, client_id: str, versions: dict[str, int], owner: str
+    ) -> ClientRow:
+        """Extend the lease and record acknowledged versions (they only move forward).
+
+        Only ``owner``, the token that registered the client, may (``Forbidden``);
+        the compare-and-set on the row's version keeps a concurrent takeover out."""
         now = now_ms()
         for _attempt in range(5):
             current = self.get_client(vc, client_id, now)
+            _require_owner(current, owner, now)
             acked = dict(current.acked)
             for topic, version in versions.items():
                 if version > acked.get(topic, -1):
@@ -735,17 +988,23 @@ class MetadataStore:
                 return current
         raise VersionConflict(f"client {client_id!r} is heartbeating concurrently; retry")
 
-    def delete_client(self, vc: str, client_id: str) -> None:
+    def delete_client(self, vc: str, client_id: str, owner: str | None) -> None:
+        """Unregister a client: by its ``owner``, or by anyone when ``owner`` is None (an admin)."""
         with self._tx() as c:
-            if (
-                c.execute(
-                    t.clients.delete().where(
-                        t.clients.c.virtual_cluster == vc, t.clients.c.client_id == client_id
-                    )
-                ).rowcount
-                == 0
-            ):
+            row = c.execute(
+                sa.select(t.clients)
+                .where(t.clients.c.virtual_cluster == vc, t.clients.c.client_id == client_id)
+                .with_for_update()
+            ).first()
+            if row is None:
                 raise NotFound(f"client {client_id!r} is not registered in {vc!r}")
+            if owner is not None:
+                _require_owner(row, owner, 0)
+            c.execute(
+                t.clients.delete().where(
+                    t.clients.c.virtual_cluster == vc, t.clients.c.client_id == client_id
+                )
+            )
 
     def list_clients(self, vc: str, limit: int) -> list[ClientRow]:
         with self.engine.connect() as c:
@@ -779,9 +1038,23 @@ class MetadataStore:
     # ---- API tokens --------------------------------------------------------------------
 
     def insert_token(self, token_hash: str, name: str, role: str, scope: str) -> TokenRow:
+        """Store a token; its scope is ``*`` or an existing virtual cluster (exact name)."""
         row = TokenRow(token_hash, name, role, scope, now_ms())
         try:
             with self._tx() as c:
+                if (
+                    scope != "*"
+                    and c.execute(
+                        sa.select(t.virtual_clusters.c.name)
+                        .where(t.virtual_clusters.c.name == scope)
+                        .with_for_update()  # a concurrent delete of the vc waits, then sees us
+                    ).first()
+                    is None
+                ):
+                    raise NotFound(
+                        f"virtual cluster {scope!r} does not exist (names are case-sensitive); "
+                        "a token can only be scoped to an existing one, or to *"
+                    )
                 c.execute(
                     t.api_tokens.insert().values(
                         token_hash=token_hash,
@@ -823,3 +1096,58 @@ class MetadataStore:
                     .where(t.api_tokens.c.role == "admin")
                 ).scalar_one()
             )
+
+    # ---- migrations (migration.machine owns the body) ---------------------------------
+
+    def get_migration(self, vc: str, name: str) -> tuple[str, int] | None:
+        """The topic's migration body (JSON) and its row version, or None."""
+        m = t.migrations
+        with self.engine.connect() as c:
+            row = c.execute(
+                sa.select(m.c.body, m.c.version).where(m.c.virtual_cluster == vc, m.c.topic == name)
+            ).first()
+        return None if row is None else (row.body, row.version)
+
+    def put_migration(self, vc: str, name: str, body: str, expected_version: int | None) -> int:
+        """Insert (``expected_version`` None) or compare-and-set the migration row; its new version."""
+        m = t.migrations
+        with self._tx() as c:
+            if expected_version is None:
+                try:
+                    c.execute(
+                        m.insert().values(
+                            virtual_cluster=vc,
+                            topic=name,
+                            body=body,
+                            version=1,
+                            updated_ms=now_ms(),
+                        )
+                    )
+                except IntegrityError:
+                    raise VersionConflict(f"a migration of {vc}/{name} was just planned") from None
+                return 1
+            updated = c.execute(
+                m.update()
+                .where(
+                    m.c.virtual_cluster == vc,
+                    m.c.topic == name,
+                    m.c.version == expected_version,
+                )
+                .values(body=body, version=expected_version + 1, updated_ms=now_ms())
+            ).rowcount
+        if updated == 0:
+            raise VersionConflict(f"the migration of {vc}/{name} changed meanwhile; retry")
+        return expected_version + 1
+
+    def drop_epoch(self, vc: str, name: str, expected_version: int, number: int) -> int:
+        """One transaction: bump the topic and delete an epoch's row (a rolled-back migration's)."""
+        with self._tx() as c:
+            version = self._cas_topic(c, vc, name, expected_version)
+            c.execute(
+                t.epochs.delete().where(
+                    t.epochs.c.virtual_cluster == vc,
+                    t.epochs.c.topic == name,
+                    t.epochs.c.number == number,
+                )
+            )
+        return version

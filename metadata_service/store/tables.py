@@ -8,6 +8,9 @@ transaction the service runs touches one shard.  ``physical_clusters``,
 (unsharded keyspace).  There are no foreign keys: integrity across tables is
 the service's job (intent columns, reconcile).
 
+Every name column has a binary collation on MySQL/MariaDB (revision 0005):
+names are compared exactly, as the service's scope checks compare them.
+
 Mutable rows carry a ``version`` for optimistic concurrency.  JSON values are
 text (portable across SQLite, MySQL and Vitess).  Times are integer
 milliseconds since the epoch (no time-zone surprises across drivers).
@@ -19,7 +22,16 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
 LongText = sa.Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
-Name = sa.String(200)
+
+
+def _exact(length: int) -> sa.types.TypeEngine[str]:
+    """A name column compared byte for byte: MySQL's default collations ignore case (0005)."""
+    return sa.String(length).with_variant(
+        mysql.VARCHAR(length, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
+    )
+
+
+Name = _exact(200)
 
 metadata = sa.MetaData()
 
@@ -62,7 +74,7 @@ epochs = sa.Table(
     sa.Column("topic", Name, primary_key=True),
     sa.Column("number", sa.Integer, primary_key=True, autoincrement=False),
     sa.Column("cluster", Name, nullable=False),
-    sa.Column("physical_topic", sa.String(249), nullable=False),
+    sa.Column("physical_topic", _exact(249), nullable=False),
     sa.Column("shards", LongText, nullable=False),  # JSON list of [start, end] decimal strings
     sa.Column("state", sa.String(16), nullable=False),  # xinfra.model.EpochState
     sa.Column("end_offsets", LongText, nullable=True),
@@ -71,6 +83,17 @@ epochs = sa.Table(
     sa.Column("updated_ms", sa.BigInteger, nullable=False),
     sa.Index("ix_epochs_cluster", "cluster"),
 )
+
+settles = sa.Table(
+    "settles",
+    metadata,
+    sa.Column("virtual_cluster", Name, primary_key=True),
+    sa.Column("topic", Name, primary_key=True),
+    sa.Column("epoch", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("version", sa.BigInteger, nullable=False),  # producers must acknowledge this one
+    sa.Column("created_ms", sa.BigInteger, nullable=False),  # the wait is bounded from here
+)
+"""Owed settles: a sealed epoch whose end offsets are still to be read (``metadata_service.settle``)."""
 
 clients = sa.Table(
     "clients",
@@ -86,6 +109,8 @@ clients = sa.Table(
     sa.Column("heartbeat_ms", sa.BigInteger, nullable=False),
     sa.Column("expires_ms", sa.BigInteger, nullable=False),
     sa.Column("version", sa.BigInteger, nullable=False),
+    # The token (its name) that registered the client: only it heartbeats or re-registers it.
+    sa.Column("owner", Name, nullable=False, server_default=""),
     sa.Index("ix_clients_expires", "expires_ms"),
 )
 
@@ -98,3 +123,28 @@ api_tokens = sa.Table(
     sa.Column("scope", Name, nullable=False),  # a virtual cluster, or * for all
     sa.Column("created_ms", sa.BigInteger, nullable=False),
 )
+
+checkpoints = sa.Table(
+    "checkpoints",
+    metadata,
+    # The primary key leads with the sharding key: a group's checkpoints live on one shard.
+    sa.Column("virtual_cluster", Name, primary_key=True),
+    sa.Column("group_name", Name, primary_key=True),
+    sa.Column("topic", Name, primary_key=True),
+    sa.Column("epoch", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("shard", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("position", sa.BigInteger, nullable=False),  # the next offset to read
+    sa.Column("updated_ms", sa.BigInteger, nullable=False),
+)
+
+migrations = sa.Table(
+    "migrations",
+    metadata,
+    # One row per topic: its current (or last) migration; a finished one is replaced by a new plan.
+    sa.Column("virtual_cluster", Name, primary_key=True),
+    sa.Column("topic", Name, primary_key=True),
+    sa.Column("body", LongText, nullable=False),  # JSON of migration.machine.Migration
+    sa.Column("version", sa.BigInteger, nullable=False),  # compare-and-set between steps
+    sa.Column("updated_ms", sa.BigInteger, nullable=False),
+)
+"""Topic migrations between clusters: state and history (``migration.machine``)."""

@@ -89,7 +89,7 @@ def test_produce_lines_and_json_then_consume_them(live: LiveService, kafka: str)
     assert sum(len(v) for v in per_user.values()) == 500
     assert all(seq == sorted(seq) for seq in per_user.values()), "per-key order"
     assert [r["value"] for r in records if r["key"] == "j"] == [f"json{i}" for i in range(20)]
-    assert {r["headers"]["h"] for r in records if r["key"] == "j"} == {"v"}
+    assert {tuple(map(tuple, r["headers"])) for r in records if r["key"] == "j"} == {(("h", "v"),)}
 
     result = run(
         ["consume", "cli", "--print-key", "--key-separator", "=", "--idle-s", "1", "-q"],
@@ -98,6 +98,51 @@ def test_produce_lines_and_json_then_consume_them(live: LiveService, kafka: str)
     )
     assert result.returncode == 0
     assert b"user3=event3\n" in result.stdout and result.stdout.count(b"\n") == 520
+
+
+@needs_kafka
+def test_offsets_exit_at_end_last_n_and_repeated_headers(live: LiveService, kafka: str) -> None:
+    """The Kafka-tool equivalents: kafka-get-offsets, kcat -e, kcat -o -N, headers that repeat."""
+    with live.admin() as admin:
+        admin.create_topic(VC, "tools", kafka, 3)
+        token = admin.request(
+            "POST", "/v1/tokens", json={"name": "tools", "role": "client", "scope": VC}
+        )["token"]
+    lines = b"".join(
+        json.dumps(
+            {"key": f"k{i}", "value": f"v{i}", "headers": [["h", "1"], ["h", "2"], ["x", str(i)]]}
+        ).encode()
+        + b"\n"
+        for i in range(30)
+    )
+    assert run(["produce", "tools", "--json", "-q"], live.url, token, lines).returncode == 0
+
+    result = run(["topics", "offsets", "tools", "--json"], live.url, token)
+    assert result.returncode == 0, result.stderr.decode()
+    rows = json.loads(result.stdout)
+    assert [(r["epoch"], r["shard"]) for r in rows] == [(0, 0), (0, 1), (0, 2)]
+    assert all(r["low"] == 0 and r["count"] == r["high"] - r["low"] for r in rows)
+    assert sum(r["count"] for r in rows) == 30
+    human = run(["topics", "offsets", "tools"], live.url, token)
+    assert b"30 records in 3 shard(s)" in human.stdout
+
+    # -e: every record there was, then exit 0 on its own (no -n, no --idle-s).
+    result = run(["consume", "tools", "-e", "--json", "-q"], live.url, token, timeout_s=60)
+    assert result.returncode == 0, result.stderr.decode()
+    records = [json.loads(line) for line in result.stdout.decode().splitlines()]
+    assert sorted(r["value"] for r in records) == sorted(f"v{i}" for i in range(30))
+    assert records[0]["headers"] == [["h", "1"], ["h", "2"], ["x", records[0]["value"][1:]]]
+
+    # --from -N: the last N records of each shard.
+    result = run(["consume", "tools", "--from", "-2", "-e", "--json", "-q"], live.url, token)
+    assert result.returncode == 0, result.stderr.decode()
+    last = [json.loads(line) for line in result.stdout.decode().splitlines()]
+    highs = {r["shard"]: r["high"] for r in rows}
+    assert sorted((r["shard"], r["offset"]) for r in last) == sorted(
+        (shard, offset) for shard, high in highs.items() for offset in range(max(high - 2, 0), high)
+    )
+    bad = run(["consume", "tools", "--from", "-0", "-q"], live.url, token)
+    assert bad.returncode == 2 and b"-N" in bad.stderr
 
 
 @pytest.mark.parametrize("bad", [b"not json\n", b"[1, 2]\n", b'{"valu": "typo"}\n'])

@@ -1,19 +1,46 @@
-"""`xinfra up` as a user runs it: one command, everything healthy, SIGTERM leaves no process."""
+"""`xinfra up` as a user runs it: through a pipe and in a terminal, stopped every way there is.
+
+Each test starts the real ``xinfra up`` (the real brokers and service) and checks by pid
+and by command line that nothing it started is left.  Only one test runs the whole stack;
+the signal tests run ``--only kafka,northguard`` (the supervisor's code is the same
+whatever it supervises, and these two start in about a second).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pty
 import queue
+import re
+import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from xinfra.services.ports import free_port, port_open
+
+FAST = ["--only", "kafka,northguard"]
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def _listeners(port: int) -> str:
+    """Who listens on ``port`` (for a failure message): ``ss`` when installed."""
+    try:
+        return subprocess.run(
+            ["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True, timeout=5
+        ).stdout
+    except OSError as error:
+        return f"(ss: {error})"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -23,14 +50,13 @@ def _pid_alive(pid: int) -> bool:
         return False
     # A zombie still answers kill(0); it is gone for our purpose once reaped or marked Z.
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2] != "Z"
     except OSError:
         return False
 
 
-def _wait(predicate, timeout_s: float) -> bool:  # type: ignore[no-untyped-def]
-    import time
-
+def _wait(predicate: Callable[[], bool], timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
@@ -39,82 +65,502 @@ def _wait(predicate, timeout_s: float) -> bool:  # type: ignore[no-untyped-def]
     return predicate()
 
 
-def test_up_starts_everything_and_sigterm_leaves_nothing(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
+def _descendants(root: int) -> set[int]:
+    """Every live process below ``root`` (by parent pid; children in new sessions included)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = (entry / "stat").read_text()
+            parents[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+    found: set[int] = set()
+    frontier = {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return {pid for pid in found if _pid_alive(pid)}
+
+
+def _processes_mentioning(markers: list[str]) -> list[str]:
+    """Command lines of live processes that name any marker (a unique port, the run dir)."""
+    hits = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if any(marker in cmdline for marker in markers) and _pid_alive(int(entry.name)):
+                hits.append(f"{entry.name}: {cmdline}")
+    return hits
+
+
+@dataclass
+class Stack:
+    """One ``xinfra up``: its environment, the ready event, and how to read its output."""
+
+    env: dict[str, str]
+    run_dir: Path
+    pid: int = 0
+    lines: queue.Queue[str] = field(default_factory=queue.Queue)
+    ready: dict = field(default_factory=dict)  # type: ignore[type-arg]
+    seen: list[str] = field(default_factory=list)
+    hang_up: threading.Event = field(default_factory=threading.Event)
+    reader: threading.Thread | None = None
+
+    def close_terminal(self, master: int) -> None:
+        """Close the terminal as a terminal emulator does: nothing reads it any more."""
+        self.hang_up.set()
+        if self.reader is not None:
+            self.reader.join()
+        os.close(master)
+
+    @property
+    def markers(self) -> list[str]:
+        ports = [
+            self.env[k].rpartition(":")[2]
+            for k in (
+                "XINFRA_ZOOKEEPER",
+                "XINFRA_KAFKA_BOOTSTRAP",
+                "XINFRA_NORTHGUARD_BOOTSTRAP",
+                "XINFRA_METADATA_URL",
+            )
+        ]
+        return (
+            [f"127.0.0.1:{p}" for p in ports] + [f"--port {p}" for p in ports] + [str(self.run_dir)]
+        )
+
+    def next_line(self, timeout_s: float = 120) -> str:
+        line = self.lines.get(timeout=timeout_s)
+        self.seen.append(line)
+        return line
+
+    def wait_for(self, text: str, timeout_s: float = 120) -> str:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            line = self.next_line(max(deadline - time.monotonic(), 0.01))
+            if text in line:
+                return line
+
+    def wait_ready(self) -> dict:  # type: ignore[type-arg]
+        line = self.wait_for('"event": "ready"')
+        self.ready = json.loads(line[line.index("{") :])
+        for component in self.ready["components"]:
+            assert _pid_alive(component["pid"]), component
+        return self.ready
+
+    def pids(self) -> set[int]:
+        return {c["pid"] for c in self.ready.get("components", []) if c["pid"]} | _descendants(
+            self.pid
+        )
+
+    def assert_nothing_left(self, pids: set[int]) -> None:
+        assert _wait(lambda: not any(_pid_alive(p) for p in pids), 15), [
+            p for p in pids if _pid_alive(p)
+        ]
+        assert _processes_mentioning(self.markers) == []
+        for address in (
+            self.env["XINFRA_KAFKA_BOOTSTRAP"],
+            self.env["XINFRA_NORTHGUARD_BOOTSTRAP"],
+        ):
+            host, _, port = address.rpartition(":")
+            assert _wait(lambda: not port_open(host, int(port)), 10), (
+                f"{address} still answers: {_listeners(int(port))}"
+            )
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XINFRA_")}
+    return {
+        **env,
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
         "XINFRA_RUN_DIR": str(tmp_path / "run"),
         "XINFRA_ZOOKEEPER": f"127.0.0.1:{free_port()}",
         "XINFRA_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}",
         "XINFRA_NORTHGUARD_BOOTSTRAP": f"127.0.0.1:{free_port()}",
+        "XINFRA_NORTHGUARD_HTTP_PORT": str(free_port()),
         "XINFRA_METADATA_URL": f"http://127.0.0.1:{free_port()}",
         "XINFRA_DATABASE_URL": f"sqlite:///{tmp_path / 'metadata.db'}",
     }
-    up = subprocess.Popen(
-        [sys.executable, "-m", "xinfra.cli", "up", "--json"],
+
+
+def _xinfra(*args: str) -> list[str]:
+    return [sys.executable, "-m", "xinfra.cli", *args]
+
+
+@contextlib.contextmanager
+def up_in_pipe(
+    tmp_path: Path, *args: str, stderr_reader: bool = True, env: dict[str, str] | None = None
+) -> Iterator[tuple[Stack, subprocess.Popen[str]]]:
+    """``xinfra up --json`` with stdout and stderr on pipes (as under ``| tee``)."""
+    env = env or _env(tmp_path)
+    stack = Stack(env, tmp_path / "run")
+    process = subprocess.Popen(
+        _xinfra("up", "--json", *args),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
         cwd=tmp_path,
         text=True,
     )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in up.stdout], daemon=True).start()  # type: ignore[union-attr]
+    stack.pid = process.pid
+    threading.Thread(
+        target=lambda: [stack.lines.put(line) for line in process.stdout],  # type: ignore[union-attr]
+        daemon=True,
+    ).start()
+    if stderr_reader:
+        threading.Thread(target=process.stderr.read, daemon=True).start()  # type: ignore[union-attr]
     try:
-        ready = json.loads(lines.get(timeout=120))
-        assert ready["event"] == "ready", ready
+        yield stack, process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@contextlib.contextmanager
+def up_in_terminal(tmp_path: Path, *args: str) -> Iterator[tuple[Stack, int]]:
+    """``xinfra up --json`` as the session leader of a pseudo-terminal: Ctrl-C is the byte
+    0x03 typed on it, closing the terminal sends SIGHUP."""
+    env = _env(tmp_path)
+    stack = Stack(env, tmp_path / "run")
+    pid, master = pty.fork()
+    if pid == 0:  # the child: exec at once
+        os.chdir(tmp_path)
+        os.execve(sys.executable, _xinfra("up", "--json", *args), env)
+    stack.pid = pid
+
+    def read() -> None:
+        buffer = b""
+        while not stack.hang_up.is_set():
+            # select, not a blocking read: a read in progress would keep the terminal open
+            # after the test closes it.
+            if not select.select([master], [], [], 0.05)[0]:
+                continue
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            buffer += chunk
+            *complete, buffer = buffer.split(b"\n")
+            for line in complete:
+                text = ANSI.sub("", line.decode(errors="replace")).strip()
+                stack.lines.put(text)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    stack.reader = reader
+    try:
+        yield stack, master
+    finally:
+        with contextlib.suppress(ChildProcessError, ProcessLookupError):
+            if os.waitpid(pid, os.WNOHANG) == (0, 0):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+        with contextlib.suppress(OSError):
+            os.close(master)
+
+
+def _exit_code(pid: int, timeout_s: float = 30) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    raise AssertionError(f"xinfra up (pid {pid}) did not exit within {timeout_s} s")
+
+
+# ---- the whole stack, once --------------------------------------------------------------
+
+
+def test_whole_stack_status_and_down_from_another_shell(tmp_path: Path) -> None:
+    with up_in_pipe(tmp_path) as (stack, process):
+        ready = stack.wait_ready()
         components = {c["name"]: c for c in ready["components"]}
         assert {"zookeeper", "kafka"} <= components.keys()
         for component in components.values():
             assert not component["reused"], "fresh ports: nothing may be reused"
-            assert _pid_alive(component["pid"]), component
             assert Path(component["log"]).is_file()
+            assert Path(component["log"]).stat().st_mode & 0o077 == 0, "logs are private"
+        env = stack.env
+        if "northguard-0" in components:
+            northguard = components["northguard-0"]
+            assert northguard["health_url"].endswith(
+                f":{env['XINFRA_NORTHGUARD_HTTP_PORT']}/health"
+            )
+            assert httpx.get(northguard["health_url"]).status_code == 200
+            assert httpx.get(northguard["metrics_url"]).status_code == 200
         if "metadata-service" in components:
             assert "kafka-local" in ready["clusters"]
             assert ("northguard-local" in ready["clusters"]) == ("northguard-0" in components)
+            token = Path(ready["admin_token_file"]).read_text().strip()
             registered = httpx.get(
                 f"{env['XINFRA_METADATA_URL']}/v1/clusters",
-                headers={
-                    "Authorization": f"Bearer {(tmp_path / 'run' / 'admin-token').read_text().strip()}"
-                },
+                headers={"Authorization": f"Bearer {token}"},
             ).json()
             assert {c["name"] for c in registered["clusters"]} == set(ready["clusters"])
-        kafka_host, kafka_port = env["XINFRA_KAFKA_BOOTSTRAP"].split(":")
-        assert port_open(kafka_host, int(kafka_port))
-    finally:
-        up.send_signal(signal.SIGTERM)
-        code = up.wait(timeout=60)
-    assert code == 0, up.stderr.read() if up.stderr else ""
-    assert json.loads(lines.get(timeout=5))["event"] == "stopped"
-    for component in components.values():
-        assert _wait(lambda pid=component["pid"]: not _pid_alive(pid), 10), (
-            f"{component['name']} left behind"
+            for log in stack.run_dir.joinpath("logs").iterdir():
+                assert token not in log.read_text(errors="replace"), f"token in {log}"
+
+        # Another shell, elsewhere, with no XINFRA_* set: it finds the stack by the user config.
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        shell = {k: v for k, v in env.items() if not k.startswith("XINFRA_")}
+        status = subprocess.run(
+            _xinfra("status", "--json"), env=shell, cwd=elsewhere, capture_output=True, text=True
         )
-    assert not port_open(kafka_host, int(kafka_port))
+        assert status.returncode == 0, status.stderr
+        report = json.loads(status.stdout)
+        assert report["running"] and report["supervisor_pid"] == process.pid
+        assert {c["name"]: (c["pid"], c["healthy"]) for c in report["components"]} == {
+            name: (c["pid"], True) for name, c in components.items()
+        }
+
+        # The same shell finds the service and the token; a wrong token or URL names the setting.
+        listed = subprocess.run(
+            _xinfra("topics", "list", "--json"),
+            env=shell,
+            cwd=elsewhere,
+            capture_output=True,
+            text=True,
+        )
+        if "metadata-service" in components:
+            assert listed.returncode == 0, listed.stderr
+            assert json.loads(listed.stdout) == []
+            wrong = subprocess.run(
+                _xinfra("topics", "list"),
+                env={**shell, "XINFRA_TOKEN": "wrong"},
+                cwd=elsewhere,
+                capture_output=True,
+                text=True,
+            )
+            assert wrong.returncode == 1 and "XINFRA_TOKEN" in wrong.stderr, wrong.stderr
+        unreachable = subprocess.run(
+            _xinfra("topics", "list"),
+            env={**shell, "XINFRA_METADATA_URL": f"http://127.0.0.1:{free_port()}"},
+            cwd=elsewhere,
+            capture_output=True,
+            text=True,
+        )
+        assert unreachable.returncode == 3, unreachable.stderr
+        assert "XINFRA_METADATA_URL" in unreachable.stderr
+
+        # A second stack: same run directory, then another run directory on the same ports.
+        again = subprocess.run(
+            _xinfra("up"), env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+        )
+        assert again.returncode == 1 and "already running" in again.stderr, again.stderr
+        other = {**env, "XINFRA_RUN_DIR": str(tmp_path / "other")}
+        second = subprocess.run(
+            _xinfra("up"), env=other, cwd=tmp_path, capture_output=True, text=True, timeout=60
+        )
+        assert second.returncode == 1, second.stderr
+        assert str(stack.run_dir) in second.stderr and "already listens" in second.stderr
+
+        pids = stack.pids()
+        down = subprocess.run(
+            _xinfra("down"), env=shell, cwd=elsewhere, capture_output=True, text=True, timeout=90
+        )
+        assert down.returncode == 0, down.stderr
+        assert process.wait(timeout=30) == 0
+        assert json.loads(stack.wait_for('"event"'))["event"] == "stopped"
+        stack.assert_nothing_left(pids)
+        assert not (stack.run_dir / "stack.json").exists()
+        gone = subprocess.run(_xinfra("status"), env=shell, cwd=elsewhere, capture_output=True)
+        assert gone.returncode == 1
 
 
-def test_up_fails_clearly_when_a_port_is_taken_by_something_else(tmp_path: Path) -> None:
-    import socket
+# ---- every way a supervisor stops ---------------------------------------------------------
 
+
+def test_ctrl_c_in_a_terminal_stops_everything(tmp_path: Path) -> None:
+    with up_in_terminal(tmp_path, *FAST) as (stack, master):
+        stack.wait_ready()
+        pids = stack.pids()
+        os.write(master, b"\x03")
+        assert _exit_code(stack.pid) == 0
+    stack.assert_nothing_left(pids)
+
+
+def test_closing_the_terminal_stops_everything(tmp_path: Path) -> None:
+    with up_in_terminal(tmp_path, *FAST) as (stack, master):
+        stack.wait_ready()
+        pids = stack.pids()
+        stack.close_terminal(master)  # SIGHUP to its session leader
+        _exit_code(stack.pid)
+    stack.assert_nothing_left(pids)
+
+
+def test_ctrl_c_during_start_up_stops_at_once(tmp_path: Path) -> None:
+    with up_in_terminal(tmp_path, *FAST) as (stack, master):
+        stack.wait_for("northguard-0: starting")
+        pids = stack.pids()
+        os.write(master, b"\x03")
+        assert _exit_code(stack.pid, timeout_s=15) == 128 + signal.SIGINT
+        assert not any('"event": "ready"' in line for line in stack.seen)
+    stack.assert_nothing_left(pids)
+    assert not (stack.run_dir / "stack.json").exists()
+
+
+def test_sigint_with_a_broken_stderr_pipe_still_stops_everything(tmp_path: Path) -> None:
+    """``xinfra up 2>&1 | tee log`` and Ctrl-C: tee dies first, every message then hits EPIPE."""
+    with up_in_pipe(tmp_path, *FAST, stderr_reader=False) as (stack, process):
+        stack.wait_ready()
+        pids = stack.pids()
+        process.stderr.close()  # type: ignore[union-attr]  # the reader (tee) is gone
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    stack.assert_nothing_left(pids)
+
+
+def test_sigterm_stops_everything(tmp_path: Path) -> None:
+    with up_in_pipe(tmp_path, *FAST) as (stack, process):
+        stack.wait_ready()
+        pids = stack.pids()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+        assert json.loads(stack.wait_for('"event"'))["event"] == "stopped"
+    stack.assert_nothing_left(pids)
+
+
+def test_sigkill_of_the_supervisor_takes_its_children(tmp_path: Path) -> None:
+    with up_in_pipe(tmp_path, *FAST) as (stack, process):
+        stack.wait_ready()
+        pids = stack.pids()
+        process.kill()
+        process.wait()
+    stack.assert_nothing_left(pids)
+
+
+def test_a_service_dies_with_the_python_process_that_started_it(tmp_path: Path) -> None:
+    port = free_port()
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from xinfra.services.kafka import start_kafka\n"
+        f"process = start_kafka(Path({str(tmp_path)!r}), {port})\n"
+        "print(process.pid, flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    child = int(parent.stdout.readline())  # type: ignore[union-attr]
+    assert _pid_alive(child)
+    parent.kill()
+    parent.wait()
+    assert _wait(lambda: not _pid_alive(child), 10)
+    assert _wait(lambda: not port_open("127.0.0.1", port), 10), _listeners(port)
+
+
+# ---- ports that are not free ---------------------------------------------------------------
+
+
+def test_up_names_a_port_taken_by_something_else(tmp_path: Path) -> None:
     blocker = socket.socket()
     blocker.bind(("127.0.0.1", 0))
     blocker.listen()
     taken = blocker.getsockname()[1]
-    env = {
-        **os.environ,
-        "XINFRA_RUN_DIR": str(tmp_path / "run"),
-        "XINFRA_ZOOKEEPER": f"127.0.0.1:{taken}",  # answers TCP but is no ZooKeeper
-        "XINFRA_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}",
-    }
+    env = {**_env(tmp_path), "XINFRA_KAFKA_BOOTSTRAP": f"127.0.0.1:{taken}"}
     try:
+        # Kafka's probe is a TCP connect, so use ZooKeeper's (ruok) on the taken port.
+        env["XINFRA_ZOOKEEPER"] = f"127.0.0.1:{taken}"
         result = subprocess.run(
-            [sys.executable, "-m", "xinfra.cli", "up", "--json"],
+            _xinfra("up", "--only", "zookeeper"),
             capture_output=True,
             env=env,
             cwd=tmp_path,
             text=True,
-            timeout=120,
+            timeout=60,
         )
     finally:
         blocker.close()
     assert result.returncode == 1
-    assert "zookeeper" in result.stderr.lower()
+    assert f"port 127.0.0.1:{taken} is taken" in result.stderr
+    assert "zookeeper" in result.stderr
+
+
+def test_up_rejects_unknown_components(tmp_path: Path) -> None:
+    result = subprocess.run(
+        _xinfra("up", "--only", "kafka,nope"), capture_output=True, env=_env(tmp_path), text=True
+    )
+    assert result.returncode == 2
+    assert "nope" in result.stderr
+
+
+# ---- a restart of the memory-only local Kafka ------------------------------------------------
+
+
+def _cli(env: dict[str, str], *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        _xinfra(*args), env=env, input=stdin, capture_output=True, text=True, timeout=60
+    )
+
+
+def _drop_physical_topic(bootstrap: str, physical: str) -> None:
+    import asyncio
+
+    from xinfra.backend import open_backend
+    from xinfra.model import ClusterKind, PhysicalCluster
+
+    async def drop() -> None:
+        backend = open_backend(
+            PhysicalCluster(name="kafka-local", kind=ClusterKind.KAFKA, bootstrap=bootstrap)
+        )
+        try:
+            await backend.delete_topic(physical)
+        finally:
+            await backend.close()
+
+    asyncio.run(drop())
+
+
+def _round_trip(env: dict[str, str], value: str) -> None:
+    produced = _cli(env, "produce", "orders", "-q", stdin=f"{value}\n")
+    assert produced.returncode == 0, produced.stderr
+    # The only record there is: what the lost physical topic held is gone with it.
+    consumed = _cli(env, "consume", "orders", "-q", "-n", "1")
+    assert consumed.stdout.split() == [value], consumed
+
+
+def test_lost_kafka_topics_are_repaired_by_reconcile_and_by_a_restart(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    only = ["--only", "kafka,metadata-service"]
+    with up_in_pipe(tmp_path, *only, env=env) as (stack, process):
+        stack.wait_ready()
+        created = _cli(
+            env, "topics", "create", "orders", "--cluster", "kafka-local", "--shards", "2", "--json"
+        )
+        assert created.returncode == 0, created.stderr
+        physical = json.loads(created.stdout)["epochs"][0]["physical_topic"]
+        _round_trip(env, "before")
+
+        _drop_physical_topic(env["XINFRA_KAFKA_BOOTSTRAP"], physical)
+        drift = _cli(env, "topics", "reconcile")
+        assert drift.returncode == 1
+        assert "missing_physical_topic" in drift.stdout
+        assert "xinfra topics reconcile --repair" in drift.stderr
+        repaired = _cli(env, "topics", "reconcile", "--repair", "--json")
+        assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+        [item] = json.loads(repaired.stdout)["repaired"]
+        assert (item["action"], item["physical_topic"], item["shards"]) == (
+            "recreated_physical_topic",
+            physical,
+            2,
+        )
+        _round_trip(env, "after-repair")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+
+    # The restarted stack's Kafka has no topics at all: up repairs the epoch and says so.
+    with up_in_pipe(tmp_path, *only, env=env) as (stack, process):
+        ready = stack.wait_ready()
+        assert [
+            (t["topic"], t["epoch"], t["physical_topic"]) for t in ready["repaired_topics"]
+        ] == [("orders", 0, physical)]
+        _round_trip(env, "after-restart")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0

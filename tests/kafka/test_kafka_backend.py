@@ -64,13 +64,13 @@ async def test_one_send_wakes_the_event_loop_once(
 ) -> None:
     await kafka_backend.create_topic(topic_name, shard_ranges(1))
     wakes: list[int] = []
-    original = KafkaShardProducer.wake
+    original = KafkaShardProducer._settle
 
-    def counting_wake(self: KafkaShardProducer, batch: object) -> None:
+    def counting_settle(self: KafkaShardProducer, batch: object) -> None:
         wakes.append(1)
         original(self, batch)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(KafkaShardProducer, "wake", counting_wake)
+    monkeypatch.setattr(KafkaShardProducer, "_settle", counting_settle)
     producer = kafka_backend.producer(topic_name)
     offsets = await producer.send(0, [Record(value=b"v%d" % i) for i in range(2000)])
     assert offsets == list(range(2000))

@@ -128,7 +128,7 @@ async def test_cluster_and_topic_crud(service: Service, bootstrap: str) -> None:
 
 async def test_add_epoch_on_another_cluster(service: Service, bootstrap: str) -> None:
     await register(service, bootstrap, "kafka-1")
-    await register(service, bootstrap + "0", "ng-1", kind="northguard")
+    await register(service, bootstrap.replace(":9092", ":9093"), "ng-1", kind="northguard")
     await create_topic(service, "events", 3, cluster="kafka-1")
     after = await service.ok(
         "POST",
@@ -153,6 +153,19 @@ async def test_add_epoch_on_another_cluster(service: Service, bootstrap: str) ->
         json={"cluster": "kafka-1", "end_offsets": {"0": 1}},
     )
     assert_problem(response, 400, "invalid_request")
+    # A mirror must keep its source's key ranges: another shard count is refused, nothing added.
+    response = await service.http.post(
+        f"/v1/vclusters/{VC}/topics/events/epochs",
+        json={
+            "cluster": "kafka-1",
+            "state": "dual_write",
+            "seal_current": False,
+            "mirror_of": 1,
+            "shards": 4,
+        },
+    )
+    assert_problem(response, 400, "migration_shard_count_mismatch")
+    assert len((await service.ok("GET", f"/v1/vclusters/{VC}/topics/events"))["epochs"]) == 2
     # An epoch in dual_write, then sealed by PATCH with end offsets read from the backend.
     dual = await service.ok(
         "POST",

@@ -7,10 +7,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+from alembic.script import ScriptDirectory
 from ms_memory_backend import memory_cluster
 from typer.testing import CliRunner
 
 from metadata_service.cli import db_app
+from metadata_service.migrate import alembic_config
 from xinfra.commands.clusters import app as clusters_app
 from xinfra.commands.topics import app as topics_app
 from xinfra.settings import get_settings
@@ -51,7 +53,7 @@ def test_clusters_and_topics_commands(live_url: str) -> None:
         "--kind",
         "northguard",
         "--bootstrap",
-        bootstrap + "n",
+        bootstrap.replace(":9092", ":9093"),
         "--json",
     )
     assert [c["name"] for c in run(clusters_app, "list", "--json")] == ["k1", "ng"]
@@ -102,6 +104,39 @@ def test_clusters_and_topics_commands(live_url: str) -> None:
     assert CliRunner().invoke(clusters_app, ["list"]).exit_code == 0
 
 
+def test_invalid_registration_is_refused_with_its_reason(live_url: str) -> None:
+    """The service's 400 becomes exit 1 with the reason; what the model refuses, exit 2."""
+    runner = CliRunner()
+    refused = runner.invoke(
+        clusters_app, ["register", "c", "--kind", "kafka", "--bootstrap", "127.0.0.1:99999"]
+    )
+    assert refused.exit_code == 1, refused.output
+    assert "port in 1..65535" in refused.output and "invalid_request" in refused.output
+    refused = runner.invoke(
+        clusters_app,
+        [
+            "register",
+            "c",
+            "--kind",
+            "kafka",
+            "--bootstrap",
+            "h:1",
+            "--attr",
+            "request_timeout_s=nan",
+        ],
+    )
+    assert refused.exit_code == 1 and "finite" in refused.output, refused.output
+    for argv in (
+        ["register", "bad/name", "--kind", "kafka", "--bootstrap", "h:1"],
+        ["register", "c", "--kind", "kafka", "--bootstrap", ""],
+        ["register", "c", "--kind", "kafka", "--bootstrap", "h:1", "--attr", "novalue"],
+    ):
+        refused = runner.invoke(clusters_app, argv)
+        assert refused.exit_code == 2, refused.output
+        assert refused.exception is None or isinstance(refused.exception, SystemExit)
+    assert run(clusters_app, "list", "--json") == []
+
+
 def test_unreachable_service_exits_3(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XINFRA_METADATA_URL", "http://127.0.0.1:1")
     get_settings.cache_clear()
@@ -114,6 +149,7 @@ def test_unreachable_service_exits_3(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_db_upgrade(tmp_path: Path, mysql_url: str) -> None:
     url = f"sqlite:///{tmp_path / 'sub' / 'metadata.db'}"
-    assert run(db_app, "upgrade", "--database-url", url, "--json") == {"revision": "0001"}
-    assert run(db_app, "upgrade", "--database-url", url, "--json") == {"revision": "0001"}
-    assert run(db_app, "upgrade", "--database-url", mysql_url, "--json") == {"revision": "0001"}
+    head = {"revision": ScriptDirectory.from_config(alembic_config(url)).get_current_head()}
+    assert run(db_app, "upgrade", "--database-url", url, "--json") == head
+    assert run(db_app, "upgrade", "--database-url", url, "--json") == head
+    assert run(db_app, "upgrade", "--database-url", mysql_url, "--json") == head

@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from ms_harness import ADMIN_TOKEN, Service, admin_headers, running
+from ms_harness import Service, admin_headers, running, start_instance
 from test_ms_api import VC, create_topic, race_updates, register, wait_for
 
 from metadata_service import ServiceConfig
-from xinfra.services.ports import free_port
 from xinfra.services.process import ManagedProcess
 
 HERE = Path(__file__).resolve().parent
@@ -77,34 +74,6 @@ async def _has_waiter(service) -> bool:  # type: ignore[no-untyped-def]
     return bool(service.app.state.services.runtime.hub.waiter_count)
 
 
-def _start_instance(tmp_path: Path, name: str, database_url: str, zookeeper: str) -> ManagedProcess:
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
-    process = ManagedProcess(
-        name=name,
-        argv=[
-            sys.executable,
-            str(HERE / "ms_serve_instance.py"),
-            str(port),
-            database_url,
-            zookeeper,
-            ADMIN_TOKEN,
-            str(tmp_path / name),
-        ],
-        log_path=tmp_path / f"{name}.log",
-        url=f"http://127.0.0.1:{port}",
-        env=env,
-    )
-
-    def healthy() -> bool:
-        try:
-            return httpx.get(f"{process.url}/ready", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    return process.start().wait_ready(healthy, timeout_s=60)
-
-
 @pytest.fixture
 def two_instances(
     tmp_path: Path, mysql_url: str, zookeeper: str
@@ -112,9 +81,9 @@ def two_instances(
     from metadata_service.migrate import upgrade_database
 
     upgrade_database(mysql_url)  # once, before two instances start side by side
-    first = _start_instance(tmp_path, "a", mysql_url, zookeeper)
+    first = start_instance(tmp_path, "a", mysql_url, zookeeper)
     try:
-        second = _start_instance(tmp_path, "b", mysql_url, zookeeper)
+        second = start_instance(tmp_path, "b", mysql_url, zookeeper)
     except BaseException:
         first.stop()
         raise

@@ -72,3 +72,37 @@ async def test_seal_gives_up_on_silent_producers_after_the_bound(
             await service.ok("POST", f"/v1/vclusters/{VC}/topics/orders/seal", json={})
         )
         assert sealed.topic.sealed and sealed.epochs[0].end_offsets == {0: 0}
+
+
+async def test_reconcile_reports_a_pending_settle_then_the_seal_finishes(
+    make_config,
+    bootstrap: str,  # type: ignore[no-untyped-def]
+) -> None:
+    async with running(make_config(seal_settle_s_max=60)) as service:
+        await register(service, bootstrap, "k1")
+        await create_topic(service, shards=1)
+        clients = f"/v1/vclusters/{VC}/clients"
+        await service.ok(
+            "PUT", f"{clients}/silent", json={"kind": "producer", "topics": ["orders"]}
+        )
+        sealing = asyncio.create_task(
+            service.http.post(f"/v1/vclusters/{VC}/topics/orders/seal", json={})
+        )
+        await wait_for(lambda: _half_sealed(service), timeout_s=10)
+        report = await service.ok("POST", "/v1/admin/reconcile", json={})
+        pending = [a for a in report["drift"] if a["action"] == "settle_pending"]
+        assert [(a["topic"], a["epoch"]) for a in pending] == [("orders", 0)]
+        assert "silent" in pending[0]["detail"]
+        assert not sealing.done()
+
+        await service.ok("DELETE", f"{clients}/silent", 204)  # the producer leaves
+        response = await asyncio.wait_for(sealing, 20)
+        assert response.status_code == 200, response.text
+        assert TopicMetadata.model_validate(response.json()).epochs[0].end_offsets == {0: 0}
+        report = await service.ok("POST", "/v1/admin/reconcile", json={})
+        assert not [a for a in report["drift"] if a["action"] == "settle_pending"]
+
+
+async def _half_sealed(service: Service) -> bool:
+    metadata = await _metadata(service)
+    return metadata.topic.sealed and metadata.epochs[0].end_offsets is None

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from ng_harness import backend_for
+from ng_harness import backend_for, mounted_tmpfs
 
 from backends.northguard.backend import NorthguardBackend
 from backends.northguard.launcher import NorthguardProcess, start_northguard_broker
@@ -44,3 +44,13 @@ def private_broker(tmp_path: Path) -> Iterator[NorthguardProcess]:
 @pytest.fixture
 def topic_name() -> str:
     return f"ng-{uuid.uuid4().hex[:12]}"
+
+
+SMALL_DISK_BYTES = 2 << 20
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs of this test: a data directory that really runs out of space."""
+    with mounted_tmpfs(tmp_path / "small-disk", SMALL_DISK_BYTES) as path:
+        yield path

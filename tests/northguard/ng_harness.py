@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from backends.northguard import protocol
 from backends.northguard.backend import NorthguardBackend
@@ -86,3 +90,24 @@ class RawClient:
 
     def close(self) -> None:
         self.sock.close()
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(path: Path, size_bytes: int) -> Iterator[Path]:
+    """A tmpfs of ``size_bytes`` at ``path``: a disk that really fills up (ENOSPC), unmounted after.
+
+    Skips the test when the mount is refused (not root, or no mount namespace).
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs to fill up: {mount.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)

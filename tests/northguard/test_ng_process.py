@@ -155,14 +155,138 @@ def test_health_metrics_and_a_clean_sigterm(tmp_path: Path) -> None:
         assert response.status == 200 and health["status"] == "ok" and health["broker_id"] == "1"
         client = RawClient(process.url)
         client.request("create_topic", name="m", count=2)
+        open_produce(client, "m", 1)
+        client.send(protocol.encode_append(1, 0, encode_batch([Record(value=b"v")], 0)))
+        ack = client.receive()  # sent once the append is durable
+        assert ack is not None and ack.type is MsgType.ACK, ack
         client.close()
         with urllib.request.urlopen(base + "/metrics", timeout=10) as response:
             metrics = response.read().decode()
         assert 'northguard_requests_total{op="create_topic"} 1.0' in metrics
-        assert "northguard_appends_total" in metrics
+        assert "northguard_appends_total 1.0" in metrics
+        samples = dict(
+            line.rsplit(" ", 1)
+            for line in metrics.splitlines()
+            if line.startswith("northguard_store")
+        )
+        # The store's own counters: one group commit, whose fsync is the WAL's (segment files are
+        # synced by the store's checkpoints, off the acknowledgement path).
+        assert float(samples["northguard_store_flushes_total"]) >= 1
+        assert float(samples["northguard_store_fsyncs_total"]) >= 1
+        assert float(samples["northguard_store_flushed_records_total"]) == 1
+        assert float(samples["northguard_store_segments"]) >= 1
         assert process.popen is not None
         process.popen.send_signal(signal.SIGTERM)
         assert process.popen.wait(timeout=30) == 0
         assert "stopped" in process.log_tail(5)
     finally:
         process.stop()
+
+
+@pytest.mark.parametrize(
+    "count",
+    [3e6, 10**12, 1e308, float("inf"), float("-inf"), float("nan"), 2.5, 0, -1, 4097, True, "7"],
+    ids=repr,
+)
+def test_create_topic_checks_its_count_before_allocating(
+    ng_address: str, topic_name: str, count: object
+) -> None:
+    """A huge, infinite or NaN count is answered at once (the socket gives 10 s), connection kept."""
+    client = RawClient(ng_address, timeout_s=10.0)
+    try:
+        error = client.request("create_topic", name=topic_name, count=count)["error"]
+        assert error["code"] == "invalid_request", error
+        assert client.request("ping")["result"]["broker_id"] == "1"
+    finally:
+        client.close()
+
+
+def test_create_topic_checks_its_range_list_before_reading_it(
+    ng_address: str, topic_name: str
+) -> None:
+    client = RawClient(ng_address, timeout_s=10.0)
+    try:
+        bounds = {"start": 0, "end": 1}
+        for ranges in ([bounds] * 5000, "abc", [float("inf")], [{"start": float("nan")}]):
+            error = client.request("create_topic", name=topic_name, ranges=ranges)["error"]
+            assert error["code"] == "invalid_request", (ranges, error)
+        assert client.request("ping")["result"]["broker_id"] == "1"
+    finally:
+        client.close()
+
+
+BAD_NUMBERS = [float("inf"), float("-inf"), float("nan"), 1e30, 2.5, 2**80, -(2**70), True, "1"]
+
+
+@pytest.mark.parametrize(
+    ("op", "field"),
+    [
+        ("segment_metadata", "range_id"),
+        ("split_range", "range_id"),
+        ("offset_for_timestamp", "timestamp_ms"),
+        ("merge_ranges", "other_range_id"),
+    ],
+)
+def test_unary_requests_answer_bad_numbers_with_invalid_request(
+    ng_address: str, topic_name: str, op: str, field: str
+) -> None:
+    client = RawClient(ng_address, timeout_s=10.0)
+    try:
+        assert "result" in client.request("create_topic", name=topic_name, count=2)
+        for value in BAD_NUMBERS:
+            arguments: dict[str, object] = {
+                "name": topic_name,
+                "range_id": 1,
+                "other_range_id": 2,
+                "timestamp_ms": 0,
+                field: value,
+            }
+            error = client.request(op, **arguments)["error"]
+            assert error["code"] == "invalid_request", (value, error)
+        assert client.request("ping")["result"]["broker_id"] == "1"
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("kind", [MsgType.PRODUCE_OPEN, MsgType.CONSUME_OPEN])
+@pytest.mark.parametrize("field", ["range_id", "producer_id", "window_bytes", "offset"])
+def test_a_stream_open_with_a_bad_number_fails_that_stream_only(
+    ng_address: str, topic_name: str, kind: MsgType, field: str
+) -> None:
+    """``Infinity`` once raised OverflowError and dropped the connection with all its streams."""
+    client = RawClient(ng_address, timeout_s=10.0)
+    try:
+        created = client.request("create_topic", name=topic_name, count=1)["result"]
+        range_id = int(created["ranges"][0]["range_id"])
+        open_produce(client, topic_name, 1)  # a healthy stream on the same connection
+        read_by_kind = {
+            MsgType.PRODUCE_OPEN: {"range_id", "producer_id", "window_bytes"},
+            MsgType.CONSUME_OPEN: {"range_id", "window_bytes", "offset"},
+        }
+        for stream_id, value in enumerate(BAD_NUMBERS, start=2):
+            payload: dict[str, object] = {
+                "topic": topic_name,
+                "range_id": range_id,
+                "producer_id": 9,
+                "window_bytes": 1 << 20,
+                "offset": 0,
+                field: value,
+            }
+            client.send(protocol.encode_json(kind, stream_id, payload))
+            item = client.receive()
+            assert item is not None, f"the broker dropped the connection on {field}={value!r}"
+            if field in read_by_kind[kind]:
+                assert item.type is MsgType.STREAM_ERROR, (value, item)
+                ident, body = protocol.decode_json(item.body)
+                assert ident == stream_id and body["error"]["code"] == "invalid_request", body
+            else:
+                assert item.type in (MsgType.PRODUCE_OPENED, MsgType.CONSUME_OPENED), item
+                client.send(protocol.encode_stream_close(stream_id))
+        batch = encode_batch([Record(value=b"still here")], 0)
+        client.send(protocol.encode_append(1, 0, batch))
+        while (ack := client.receive()) is not None and ack.type is not MsgType.ACK:
+            pass
+        assert ack is not None, "the healthy stream died with the bad ones"
+        assert client.request("ping")["result"]["broker_id"] == "1"
+    finally:
+        client.close()

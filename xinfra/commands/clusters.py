@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.table import Table
 
 from xinfra.commands.output import emit, out, service_call
@@ -43,10 +44,14 @@ def register(
     ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Register a physical cluster (its connectivity is checked first)."""
-    cluster = PhysicalCluster(
-        name=name, kind=kind, bootstrap=bootstrap, attributes=_attributes(attr or [])
-    )
+    """Register a physical cluster (the service validates it, then checks its connectivity)."""
+    try:
+        cluster = PhysicalCluster(
+            name=name, kind=kind, bootstrap=bootstrap, attributes=_attributes(attr or [])
+        )
+    except ValidationError as error:
+        reasons = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        raise typer.BadParameter(reasons) from None
     with service_call() as client:
         emit(client.register_cluster(cluster, check=not no_check), as_json, _show)
 

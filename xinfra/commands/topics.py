@@ -1,4 +1,4 @@
-"""``xinfra topics create|list|describe|delete|seal|add-epoch|reconcile``: virtual topics."""
+"""``xinfra topics create|list|describe|delete|seal|add-epoch|reconcile|offsets``: virtual topics."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from xinfra.commands.output import emit, out, service_call
-from xinfra.model import TopicMetadata
+from xinfra.commands.output import emit, err, out, service_call
+from xinfra.errors import XinfraError
+from xinfra.model import PhysicalCluster, TopicMetadata
+from xinfra.rest import MetadataClient
 from xinfra.settings import get_settings
 
 app = typer.Typer(help="Virtual topics and their epochs.", no_args_is_help=True)
@@ -182,24 +184,200 @@ def add_epoch(
         )
 
 
+async def _epoch_offsets(metadata: TopicMetadata) -> list[dict[str, Any]]:
+    """Low and high offset of every shard of every epoch, read from the physical clusters."""
+    from xinfra.backend import open_backend
+    from xinfra.errors import TopicNotFound
+
+    rows: list[dict[str, Any]] = []
+    for epoch in metadata.epochs:
+        base = {
+            "epoch": epoch.number,
+            "cluster": epoch.cluster,
+            "physical_topic": epoch.physical_topic,
+            "state": epoch.state.value,
+        }
+        backend = open_backend(metadata.clusters[epoch.cluster])
+        reader = backend.reader(epoch.physical_topic)
+        try:
+            lows = await reader.start_offsets()
+            highs = await reader.end_offsets()
+        except TopicNotFound:
+            rows.extend(
+                {
+                    **base,
+                    "shard": shard.index,
+                    "low": None,
+                    "high": None,
+                    "count": None,
+                    "error": "physical topic missing: `xinfra topics reconcile --repair`",
+                }
+                for shard in epoch.shards
+            )
+            continue
+        finally:
+            await reader.close()
+            await backend.close()
+        for shard in epoch.shards:
+            low, high = lows.get(shard.index, 0), highs.get(shard.index, 0)
+            end = None if epoch.end_offsets is None else epoch.end_offsets.get(shard.index)
+            rows.append(
+                {
+                    **base,
+                    "shard": shard.index,
+                    "low": low,
+                    "high": high,
+                    "count": max(high - low, 0),
+                    "sealed_end": end,
+                }
+            )
+    return rows
+
+
+@app.command()
+def offsets(name: str, vcluster: VcOption = None, as_json: JsonOption = False) -> None:
+    """Per epoch and shard: low (first retained offset), high (one past the last), record count.
+
+    Like kafka-get-offsets / kcat -Q, across the epochs of a virtual topic.  The count
+    is high - low (exact on Kafka without transactions and on Northguard).
+    """
+    import asyncio
+
+    with service_call() as client:
+        metadata = client.topic_metadata(_vc(vcluster), name)
+        rows = asyncio.run(_epoch_offsets(metadata))
+
+    def human(data: list[dict[str, Any]]) -> None:
+        table = Table("epoch", "shard", "cluster", "state", "low", "high", "count")
+        for row in data:
+            table.add_row(
+                str(row["epoch"]),
+                str(row["shard"]),
+                row["cluster"],
+                row["state"],
+                *(
+                    [str(row["low"]), str(row["high"]), str(row["count"])]
+                    if row["low"] is not None
+                    else ["-", "-", f"[red]{row['error']}[/red]"]
+                ),
+            )
+        out.print(table)
+        total = sum(row["count"] or 0 for row in data)
+        out.print(
+            f"{total} records in {len(data)} shard(s) of {len({r['epoch'] for r in data})} epoch(s)"
+        )
+
+    emit(rows, as_json, human)
+    if any(row["low"] is None for row in rows):
+        raise typer.Exit(1)
+
+
+def repair_missing_physical_topics(
+    client: MetadataClient, drift: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Recreate, empty, the physical topic of every epoch reported ``missing_physical_topic``.
+
+    Why: the local Kafka-protocol broker (tansu) keeps nothing across a restart
+    while the topic metadata persists, so every Kafka-backed epoch loses its
+    physical topic and the topic becomes unusable.  Recreating it with the
+    epoch's shards makes the topic writable and readable again; the records it
+    held are lost, and each repaired item says so.  Returns (repaired, errors).
+    """
+    import asyncio
+
+    from xinfra.backend import open_backend
+
+    missing = [item for item in drift if item.get("action") == "missing_physical_topic"]
+    if not missing:
+        return [], []
+    clusters = {c["name"]: c for c in client.list_clusters()}
+    repaired: list[dict[str, Any]] = []
+    errors: list[str] = []
+
+    async def recreate(item: dict[str, Any]) -> None:
+        metadata = client.topic_metadata(item["virtual_cluster"], item["topic"])
+        epoch = next(e for e in metadata.epochs if e.number == item["epoch"])
+        cluster = PhysicalCluster.model_validate(
+            {
+                k: v
+                for k, v in clusters[item["cluster"]].items()
+                if k in PhysicalCluster.model_fields
+            }
+        )
+        backend = open_backend(cluster)
+        try:
+            ranges = [shard.key_range for shard in epoch.shards]
+            await backend.create_topic(epoch.physical_topic, ranges, metadata.topic.config)
+        finally:
+            await backend.close()
+        lost = (
+            f"records below end offsets {epoch.end_offsets} are lost; readers of this sealed "
+            "epoch find it empty"
+            if epoch.end_offsets
+            else "its records are lost; new records go to it again"
+        )
+        repaired.append(
+            {
+                **item,
+                "action": "recreated_physical_topic",
+                "shards": len(epoch.shards),
+                "lost": lost,
+            }
+        )
+
+    for item in missing:
+        try:
+            asyncio.run(recreate(item))
+        except (XinfraError, KeyError, StopIteration, ValueError) as error:
+            errors.append(
+                f"{item.get('virtual_cluster')}/{item.get('topic')} epoch {item.get('epoch')}: "
+                f"cannot recreate {item.get('cluster')}/{item.get('physical_topic')}: {error}"
+            )
+    return repaired, errors
+
+
 @app.command()
 def reconcile(
     grace_s: Annotated[float | None, typer.Option(help="Leave younger intents alone.")] = None,
     delete_orphans: Annotated[
         bool, typer.Option("--delete-orphans", help="Delete unreferenced xinfra.* physical topics.")
     ] = False,
+    repair: Annotated[
+        bool,
+        typer.Option(
+            "--repair",
+            help="Recreate (empty) the physical topics of epochs whose topics are gone, as after "
+            "a restart of the memory-only local Kafka; their records are lost.",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Finish or undo interrupted operations; report drift from the physical clusters."""
+    """Finish or undo interrupted operations; report drift from the physical clusters.
+
+    Exit 1 when an error remains or, without --repair, an epoch's physical topic is missing.
+    """
     with service_call() as client:
         report = client.reconcile(grace_s, delete_orphans)
+        if repair:
+            fixed, errors = repair_missing_physical_topics(client, report["drift"])
+            report["repaired"] += fixed
+            report["errors"] += errors
+            fixed_topics = {(i["cluster"], i["physical_topic"]) for i in fixed}
+            report["drift"] = [
+                i
+                for i in report["drift"]
+                if (i.get("cluster"), i.get("physical_topic")) not in fixed_topics
+            ]
+    missing = [i for i in report["drift"] if i["action"] == "missing_physical_topic"]
 
     def human(data: dict[str, Any]) -> None:
         out.print(f"checked {data['checked_topics']} topics")
         for item in data["repaired"]:
-            out.print(
-                f"[green]repaired[/green] {item['action']} {item.get('virtual_cluster') or item.get('cluster')}/{item.get('topic') or item.get('physical_topic')}"
-            )
+            where = item.get("virtual_cluster") or item.get("cluster")
+            what = item.get("topic") or item.get("physical_topic")
+            epoch = f" epoch {item['epoch']}" if item.get("epoch") is not None else ""
+            lost = f": {item['lost']}" if item.get("lost") else ""
+            out.print(f"[green]repaired[/green] {item['action']} {where}/{what}{epoch}{lost}")
         for item in data["drift"]:
             out.print(
                 f"[yellow]drift[/yellow] {item['action']} {item.get('cluster')}/{item.get('physical_topic')} {item['detail']}"
@@ -208,5 +386,10 @@ def reconcile(
             out.print(f"[red]error[/red] {error}")
 
     emit(report, as_json, human)
-    if report["errors"]:
+    if missing and not as_json:
+        err.print(
+            f"[yellow]{len(missing)} epoch(s) have lost their physical topic; "
+            "`xinfra topics reconcile --repair` recreates them (empty)[/yellow]"
+        )
+    if report["errors"] or missing:
         raise typer.Exit(1)

@@ -22,11 +22,19 @@ from typing import Any
 from backends.northguard import protocol
 from backends.northguard.broker.consume_session import ConsumeSession
 from backends.northguard.broker.coordinator import Coordinator
+from backends.northguard.broker.fields import int_field, str_field
 from backends.northguard.broker.metrics import BrokerMetrics
 from backends.northguard.broker.produce_session import PRODUCE_WINDOW_BYTES_MAX, ProduceSession
 from backends.northguard.broker.requests import handle_request
 from backends.northguard.protocol import MsgType
-from xinfra.errors import Backpressure, InvalidRequest, OffsetOutOfRange, ProtocolError, XinfraError
+from xinfra.errors import (
+    Backpressure,
+    InvalidRequest,
+    OffsetOutOfRange,
+    ProtocolError,
+    StorageError,
+    XinfraError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +127,7 @@ class BrokerConnection:
             self._metrics.streams.labels("produce").dec()
         if (consumer := self._consumers.pop(stream_id, None)) is not None:
             self._metrics.streams.labels("consume").dec()
+            consumer.stop()  # now: the spawned close may be cancelled unrun
             self._spawn(consumer.close())
         self._write(
             protocol.encode_json(MsgType.STREAM_ERROR, stream_id, protocol.error_payload(error))
@@ -173,6 +182,7 @@ class BrokerConnection:
                 self._metrics.streams.labels("produce").dec()
             if (consumer := self._consumers.pop(stream_id, None)) is not None:
                 self._metrics.streams.labels("consume").dec()
+                consumer.stop()  # now: the spawned close may be cancelled unrun
                 self._spawn(consumer.close())
         else:
             raise ProtocolError(f"a client does not send {kind.name} messages")
@@ -205,7 +215,7 @@ class BrokerConnection:
             self._write(
                 protocol.encode_json(MsgType.STREAM_ERROR, stream_id, protocol.error_payload(error))
             )
-        except (KeyError, TypeError, ValueError) as error:
+        except (KeyError, TypeError, ValueError, ArithmeticError) as error:
             failure = InvalidRequest(f"malformed stream open: {error!r}")
             self._write(
                 protocol.encode_json(
@@ -214,14 +224,13 @@ class BrokerConnection:
             )
 
     def _open_produce(self, stream_id: int, payload: dict[str, Any]) -> None:
-        range_log = self._coordinator.range_log(str(payload["topic"]), int(payload["range_id"]))
-        window = int(payload.get("window_bytes", PRODUCE_WINDOW_BYTES_MAX))
-        if window <= 0:
-            raise InvalidRequest(f"a produce window must be positive, not {window}")
+        topic, range_id = str_field(payload, "topic"), int_field(payload, "range_id")
+        window = int_field(payload, "window_bytes", low=1, default=PRODUCE_WINDOW_BYTES_MAX)
         window = min(window, PRODUCE_WINDOW_BYTES_MAX)
-        producer_id = int(payload["producer_id"])
-        if not 0 <= producer_id < 1 << 64:
-            raise InvalidRequest("producer id must fit 64 bits")
+        producer_id = int_field(payload, "producer_id")
+        range_log = self._coordinator.range_log(topic, range_id)
+        if (failure := self._coordinator.store_failure) is not None:
+            raise StorageError(f"this broker takes no appends until its store recovers: {failure}")
         self._producers[stream_id] = ProduceSession(
             stream_id,
             range_log,
@@ -245,8 +254,10 @@ class BrokerConnection:
         )
 
     def _open_consume(self, stream_id: int, payload: dict[str, Any]) -> None:
-        range_log = self._coordinator.range_log(str(payload["topic"]), int(payload["range_id"]))
-        offset = int(payload["offset"])
+        topic, range_id = str_field(payload, "topic"), int_field(payload, "range_id")
+        offset = int_field(payload, "offset", high=(1 << 63) - 1)
+        window = int_field(payload, "window_bytes", low=1, high=protocol.CONSUME_WINDOW_BYTES_MAX)
+        range_log = self._coordinator.range_log(topic, range_id)
         meta = range_log.meta
         if not meta.start_offset <= offset <= range_log.committed:
             raise OffsetOutOfRange(
@@ -257,7 +268,7 @@ class BrokerConnection:
             stream_id,
             range_log,
             offset,
-            int(payload["window_bytes"]),
+            window,
             self._write_and_drain,
             self._stream_error,
             self._metrics,

@@ -101,9 +101,14 @@ class ConsumeSession:
         await self._wake.wait()
         self._wake.clear()
 
-    async def close(self) -> None:
+    def stop(self) -> None:
+        """Cancel the push task now (``close`` then waits for it): never left pending unowned."""
         if self._task is not None:
             self._task.cancel()
+
+    async def close(self) -> None:
+        self.stop()
+        if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 

@@ -14,9 +14,23 @@ Decisions and their order on disk, chosen so a crash at any point recovers:
   ``seal_segment``.  On recovery every segment still active is sealed at
   what the store holds (the producer moves to a new segment, as after a
   replica failure): every acknowledged record is durable, so none is lost.
+  All of them together: one store batch and one journal write, so a restart
+  does not take longer with more active segments.
 * Delete (topic or retention): record the op, then delete store segments.
 * Split/merge: seal the parents' active segments, then record the op, which
   seals the parents and creates the children (buddy rule).
+
+**Group commit of ops.**  Ops decided while a journal write is in flight are
+written together by the next one (one fsync): the first write to thousands
+of new ranges opens thousands of segments in a few journal writes, not one
+fsync each.  Each op's precondition runs just before its write, its sequence
+number is assigned then, and it is applied once the write is durable.
+
+**Snapshots** are built off the event loop from the previous snapshot and the
+ops made since (never from the live state, so no lock is held while
+building), then installed with a rename and a rewrite of the ops made during
+the build.  ``sealed_segments_max`` bounds the sealed segments a range keeps
+(the oldest go first, as retention does), so the snapshot stays bounded too.
 
 Control plane only: records never pass through here; ``RangeLog`` moves them.
 """
@@ -26,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,14 +55,17 @@ from backends.northguard.broker.placement import (
 from backends.northguard.broker.range_log import RangeLog
 from backends.northguard.broker.state import MetadataState, RangeMeta, State, TopicMeta
 from backends.northguard.runtime import Runtime
+from backends.northguard.shielded import to_completion
 from backends.northguard.store.base import SegmentStore
 from xinfra.errors import (
     InvalidRequest,
     NotFound,
     Sealed,
     ShardOutOfRange,
+    StorageError,
     TopicAlreadyExists,
     TopicNotFound,
+    XinfraError,
 )
 from xinfra.keyspace import KeyRange, check_covering
 from xinfra.model import SHARD_COUNT_MAX, check_name
@@ -66,6 +83,10 @@ class CoordinatorConfig:
     segment_bytes_max: int = 1 << 30
     segment_age_s_max: float = 3600.0
     maintenance_s: float = 1.0
+    sealed_segments_max: int = 10_000
+    """Sealed segments a range keeps; past it the oldest are deleted, like retention."""
+    snapshot_ops_max: int | None = None
+    """Ops in the journal before a snapshot is built, off the event loop (None: JOURNAL_OPS_MAX)."""
     policies: dict[str, StoragePolicy] = field(
         default_factory=lambda: {DEFAULT_POLICY.name: DEFAULT_POLICY}
     )
@@ -86,9 +107,18 @@ class Coordinator:
         self._store = store
         self.config = config
         self.state = MetadataState()
-        self.logs: dict[int, RangeLog] = {}
+        self.logs: dict[int, RangeLog] = _RangeLogs(self._build_missing_log)
         self._topic_lock = asyncio.Lock()  # topic-level decisions, one at a time
         self._commit_lock = asyncio.Lock()  # sequence numbers and journal order
+        self._pending: list[_PendingOp] = []  # decided, waiting for the next journal write
+        self._committer: asyncio.Task[None] | None = None
+        self._ops_since_snapshot: list[dict[str, Any]] = []
+        self._snapshotter: asyncio.Task[None] | None = None
+        self.snapshots = 0
+        self.snapshot_bytes = 0
+        self.snapshot_build_s = 0.0
+        self.journal_writes = 0
+        self.journal_ops = 0
         self._maintenance: asyncio.Task[None] | None = None
         self._me = BrokerInfo(config.broker_id, config.attributes)
 
@@ -100,32 +130,33 @@ class Coordinator:
         self.state = MetadataState.from_json(snapshot) if snapshot else MetadataState()
         for op in ops:
             self.state.apply(op)
+        self._ops_since_snapshot = list(ops)
         await self._store.open()
         known = set(self.state.segments)
         for info in self._store.segments():
             if info.segment_id not in known:
                 log.warning("deleting orphan segment %s (no metadata names it)", info.segment_id)
                 await self._store.delete_segment(info.segment_id)
-        for segment in list(self.state.segments.values()):
-            if segment.state is State.ACTIVE:
-                try:
-                    end = (await self._store.seal(segment.segment_id)).end_offset
-                except NotFound:
-                    log.error("segment %s is missing from the store", segment.segment_id)
-                    end = segment.start_offset
-                await self._commit(
-                    {
-                        "op": "seal_segment",
-                        "segment_id": segment.segment_id,
-                        "end_offset": end,
-                        "sealed_ms": self._runtime.wall_ms(),
-                    }
-                )
-        for meta in self.state.ranges.values():
-            self._build_log(meta)
+        active = [s.segment_id for s in self.state.segments.values() if s.state is State.ACTIVE]
+        sealed = await self._store.seal_many(active) if active else {}
+        seal_ops: list[dict[str, Any]] = []
+        for sid in active:
+            found = sealed.get(sid)
+            if found is None:
+                log.error("segment %s is missing from the store", sid)
+            end = found.end_offset if found is not None else self.state.segments[sid].start_offset
+            seal_ops.append(
+                {
+                    "op": "seal_segment",
+                    "segment_id": sid,
+                    "end_offset": end,
+                    "sealed_ms": self._runtime.wall_ms(),
+                }
+            )
+        await self._commit_many(seal_ops)  # one journal write
         self._maintenance = asyncio.create_task(self._maintain_forever())
         log.info(
-            "coordinator recovered %d topics, %d ranges, %d segments",
+            "coordinator recovered %d topics, %d ranges, %d segments (range logs built on first use)",
             len(self.state.topics),
             len(self.state.ranges),
             len(self.state.segments),
@@ -138,7 +169,17 @@ class Coordinator:
                 await self._maintenance
         for range_log in self.logs.values():
             await range_log.stop()
+        for task in (self._committer, self._snapshotter):
+            if task is not None and not task.done():
+                with contextlib.suppress(Exception):
+                    await task  # a journal write or a snapshot install in flight finishes first
         self._journal.close()
+
+    def _build_missing_log(self, range_id: int) -> RangeLog:
+        meta = self.state.ranges.get(range_id)
+        if meta is None:
+            raise KeyError(range_id)
+        return self._build_log(meta)
 
     def _build_log(self, meta: RangeMeta) -> RangeLog:
         range_log = RangeLog(
@@ -153,14 +194,105 @@ class Coordinator:
         self.logs[meta.range_id] = range_log
         return range_log
 
-    async def _commit(self, op: dict[str, Any]) -> None:
-        """Decide ``op``: durable in the journal first, then applied."""
-        async with self._commit_lock:
-            op["seq"] = self.state.applied_seq + 1
-            await self._journal.append(op)
-            self.state.apply(op)
-            if self._journal.ops_since_snapshot >= JOURNAL_OPS_MAX:
-                await self._journal.snapshot(self.state.to_json())
+    async def _commit(
+        self, op: dict[str, Any], precondition: Callable[[], None] | None = None
+    ) -> None:
+        """Decide ``op``: durable in the journal first, then applied (a disk error: StorageError).
+
+        ``precondition`` runs under the commit lock just before the op is
+        written and raises to refuse it: what was true when a step began
+        (a range still active) may have changed while it awaited the store,
+        and an op the state cannot apply must never reach the journal.
+        """
+        pending = _PendingOp(op, precondition, asyncio.get_running_loop().create_future())
+        self._queue_ops([pending])
+        await asyncio.shield(pending.done)  # written means applied, even if cancelled
+
+    async def _commit_many(self, ops: list[dict[str, Any]]) -> None:
+        """Decide every op of ``ops`` (in one journal write when nothing else is in flight)."""
+        loop = asyncio.get_running_loop()
+        pending = [_PendingOp(op, None, loop.create_future()) for op in ops]
+        self._queue_ops(pending)
+        for item in pending:
+            await asyncio.shield(item.done)
+
+    def _queue_ops(self, pending: list[_PendingOp]) -> None:
+        self._pending.extend(pending)
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.create_task(self._commit_pending(), name="ng-journal")
+
+    async def _commit_pending(self) -> None:
+        """Write every op decided so far in one journal write; repeat while more arrive."""
+        while self._pending:
+            batch, self._pending = self._pending, []
+            async with self._commit_lock:
+                accepted: list[_PendingOp] = []
+                seq = self.state.applied_seq
+                for pending in batch:
+                    try:
+                        if pending.precondition is not None:
+                            pending.precondition()
+                    except Exception as error:
+                        pending.done.set_exception(error)
+                        continue
+                    seq += 1
+                    pending.op["seq"] = seq
+                    accepted.append(pending)
+                if not accepted:
+                    continue
+                try:
+                    await to_completion(self._journal.append_many([p.op for p in accepted]))
+                except OSError as error:
+                    for pending in accepted:
+                        pending.done.set_exception(
+                            StorageError(f"metadata journal: {error}; {pending.op['op']} not made")
+                        )
+                    continue
+                self.journal_writes += 1
+                self.journal_ops += len(accepted)
+                for pending in accepted:
+                    try:
+                        self.state.apply(pending.op)
+                    except Exception as error:  # a broken invariant: the caller hears of it
+                        log.exception("applying %s failed", pending.op["op"])
+                        pending.done.set_exception(error)
+                        continue
+                    self._ops_since_snapshot.append(pending.op)
+                    pending.done.set_result(None)
+            snapshot_ops_max = self.config.snapshot_ops_max or JOURNAL_OPS_MAX
+            if len(self._ops_since_snapshot) >= snapshot_ops_max and (
+                self._snapshotter is None or self._snapshotter.done()
+            ):
+                self._snapshotter = asyncio.create_task(self._snapshot(), name="ng-snapshot")
+
+    async def _snapshot(self) -> None:
+        """Build the snapshot in a thread from the last one plus the ops since; install it."""
+        ops = list(self._ops_since_snapshot)
+        upto_seq = int(ops[-1]["seq"])
+        started_s = self._runtime.monotonic_s()
+        try:
+            size = await self._runtime.run_blocking(self._build_snapshot, ops)
+            await to_completion(self._journal.install_snapshot(upto_seq))
+        except Exception:
+            log.exception("metadata snapshot failed; the journal keeps every op, retrying later")
+            return
+        self._ops_since_snapshot = [
+            op for op in self._ops_since_snapshot if int(op["seq"]) > upto_seq
+        ]
+        self.snapshots += 1
+        self.snapshot_bytes = size
+        self.snapshot_build_s = self._runtime.monotonic_s() - started_s
+        log.info(
+            "metadata snapshot at op %d: %d bytes in %.3f s", upto_seq, size, self.snapshot_build_s
+        )
+
+    def _build_snapshot(self, ops: list[dict[str, Any]]) -> int:
+        """In a worker thread: touches only the snapshot on disk and ``ops`` (never mutated)."""
+        base = self._journal.read_snapshot()
+        state = MetadataState.from_json(base) if base else MetadataState()
+        for op in ops:
+            state.apply(op)
+        return self._journal.write_snapshot_file(state.to_json())
 
     # -- segments (called by range logs) -----------------------------------------------------------
 
@@ -171,35 +303,57 @@ class Coordinator:
             segment_id = range_log.active
             end = range_log.durable_end()
             info = await self._store.seal(segment_id, end)
+
+            def still_active() -> None:
+                # the topic may have been deleted (or the segment sealed) while the store sealed
+                segment = self.state.segments.get(segment_id)
+                if segment is None or segment.state is not State.ACTIVE:
+                    raise Sealed(f"segment {segment_id} is sealed or deleted already")
+
             await self._commit(
                 {
                     "op": "seal_segment",
                     "segment_id": segment_id,
                     "end_offset": info.end_offset,
                     "sealed_ms": self._runtime.wall_ms(),
-                }
+                },
+                still_active,
             )
             range_log.sync_committed(info.end_offset)
             range_log.closed_segment()
         if not open_new:
             return None
-        if meta.state is State.SEALED or meta.range_id not in self.state.ranges:
-            raise Sealed(f"range {meta.range_id} is sealed; refresh the topic metadata")
+
+        def still_open() -> None:
+            if (
+                meta.state is State.SEALED
+                or range_log.closing
+                or meta.range_id not in self.state.ranges
+            ):
+                raise Sealed(f"range {meta.range_id} is sealed; refresh the topic metadata")
+
+        still_open()
         topic = self.state.topics[meta.topic]
         replicas = choose_replicas(self._policy(topic), [self._me], {})
         assert replicas == [self._me.broker_id], "one broker holds every replica today"
         segment_id = f"r{meta.range_id}-{self.state.applied_seq + 1}"
         await self._store.create_segment(segment_id, range_log.committed)
-        await self._commit(
-            {
-                "op": "open_segment",
-                "range_id": meta.range_id,
-                "segment_id": segment_id,
-                "start_offset": range_log.committed,
-                "replicas": replicas,
-                "created_ms": self._runtime.wall_ms(),
-            }
-        )
+        try:
+            await self._commit(
+                {
+                    "op": "open_segment",
+                    "range_id": meta.range_id,
+                    "segment_id": segment_id,
+                    "start_offset": range_log.committed,
+                    "replicas": replicas,
+                    "created_ms": self._runtime.wall_ms(),
+                },
+                still_open,
+            )
+        except Sealed:  # sealed while the store created it: the segment is an orphan now
+            with contextlib.suppress(XinfraError):
+                await self._store.delete_segment(segment_id)
+            raise
         return segment_id
 
     def _policy(self, topic: TopicMeta) -> StoragePolicy:
@@ -217,9 +371,15 @@ class Coordinator:
             raise TopicNotFound(f"topic {name!r} does not exist on this Northguard cluster")
         return topic
 
+    @property
+    def store_failure(self) -> StorageError | None:
+        """The store's disk error while it refuses writes (produce streams are refused then)."""
+        return self._store.failure
+
     def range_log(self, topic_name: str, range_id: int) -> RangeLog:
-        topic = self.topic(topic_name)
-        if range_id not in topic.ranges:
+        self.topic(topic_name)
+        meta = self.state.ranges.get(range_id)  # a dict lookup: a topic may have 4,096 ranges
+        if meta is None or meta.topic != topic_name:
             raise ShardOutOfRange(f"topic {topic_name!r} has no range {range_id}")
         return self.logs[range_id]
 
@@ -279,18 +439,25 @@ class Coordinator:
         async with self._topic_lock:
             topic = self.topic(name)
             if topic.state is not State.SEALED:
-                for meta in self.state.active_ranges(topic):
-                    await self.logs[meta.range_id].seal_active()
-                await self._commit({"op": "seal_topic", "name": name})
+                logs = [self.logs[meta.range_id] for meta in self.state.active_ranges(topic)]
+                async with _closing(logs):
+                    for range_log in logs:
+                        await range_log.seal_active()
+                    await self._commit({"op": "seal_topic", "name": name})
         return self.describe(name)
 
     async def split_range(self, name: str, range_id: int) -> dict[str, Any]:
         async with self._topic_lock:
             self._check_splittable(name, range_id)
-            await self.logs[range_id].seal_active()
-            await self._commit(
-                {"op": "split_range", "range_id": range_id, "created_ms": self._runtime.wall_ms()}
-            )
+            async with _closing([self.logs[range_id]]):
+                await self.logs[range_id].seal_active()
+                await self._commit(
+                    {
+                        "op": "split_range",
+                        "range_id": range_id,
+                        "created_ms": self._runtime.wall_ms(),
+                    }
+                )
             for child in self.state.ranges[range_id].children:
                 self._build_log(self.state.ranges[child])
         return self.describe(name)
@@ -322,15 +489,16 @@ class Coordinator:
                 a.key_range.merge(b.key_range)
             except ValueError as error:
                 raise InvalidRequest(str(error)) from error
-            for rid in (first, second):
-                await self.logs[rid].seal_active()
-            await self._commit(
-                {
-                    "op": "merge_ranges",
-                    "range_ids": [first, second],
-                    "created_ms": self._runtime.wall_ms(),
-                }
-            )
+            async with _closing([self.logs[first], self.logs[second]]):
+                for rid in (first, second):
+                    await self.logs[rid].seal_active()
+                await self._commit(
+                    {
+                        "op": "merge_ranges",
+                        "range_ids": [first, second],
+                        "created_ms": self._runtime.wall_ms(),
+                    }
+                )
             child = self.state.ranges[a.children[-1]]
             self._build_log(child)
         return self.describe(name)
@@ -410,7 +578,7 @@ class Coordinator:
         """Seal segments past their age limit; delete sealed segments past their retention."""
         now_ms = self._runtime.wall_ms()
         age_ms_max = self.config.segment_age_s_max * 1000
-        for range_log in list(self.logs.values()):
+        for range_log in list(self.logs.values()):  # built logs only: the others hold no segment
             if range_log.active is not None and now_ms - range_log.active_created_ms >= age_ms_max:
                 await range_log.seal_active()
         for topic in list(self.state.topics.values()):
@@ -420,16 +588,61 @@ class Coordinator:
                 if meta is None:
                     continue
                 doomed: list[str] = []
+                excess = len(meta.segments) - self.config.sealed_segments_max
+                if excess > 0 and self.state.segments[meta.segments[-1]].state is State.ACTIVE:
+                    excess -= 1  # the active segment does not count
                 for sid in meta.segments:
                     segment = self.state.segments[sid]
                     if segment.state is not State.SEALED or segment.sealed_ms is None:
                         break
-                    if now_ms - segment.sealed_ms < retention_ms:
+                    if now_ms - segment.sealed_ms < retention_ms and len(doomed) >= excess:
                         break
                     doomed.append(sid)
                 if doomed and self.state.topics.get(topic.name) is topic:
-                    await self._commit(
-                        {"op": "delete_segments", "range_id": rid, "segment_ids": doomed}
-                    )
+
+                    def still_there(rid: int = rid, first: str = doomed[0]) -> None:
+                        # a topic deleted while this op waited for the journal takes its segments
+                        meta = self.state.ranges.get(rid)
+                        if meta is None or not meta.segments or meta.segments[0] != first:
+                            raise NotFound(f"range {rid} changed; retention retries later")
+
+                    try:
+                        await self._commit(
+                            {"op": "delete_segments", "range_id": rid, "segment_ids": doomed},
+                            still_there,
+                        )
+                    except NotFound:
+                        continue
                     for sid in doomed:
                         await self._store.delete_segment(sid)
+
+
+class _RangeLogs(dict[int, RangeLog]):
+    """Range logs built on first use: a restart builds none, so its time does not grow with the
+    ranges (a range's log is built when a client or maintenance first needs it)."""
+
+    def __init__(self, build: Callable[[int], RangeLog]) -> None:
+        super().__init__()
+        self._build = build
+
+    def __missing__(self, range_id: int) -> RangeLog:
+        return self._build(range_id)  # stores it; KeyError for a range that does not exist
+
+
+@dataclass(eq=False)
+class _PendingOp:
+    op: dict[str, Any]
+    precondition: Callable[[], None] | None
+    done: asyncio.Future[None]
+
+
+@contextlib.asynccontextmanager
+async def _closing(logs: list[RangeLog]) -> AsyncIterator[None]:
+    """Refuse new segments in ``logs`` while they are sealed by one op; lifted if the op fails."""
+    for range_log in logs:
+        range_log.closing = True
+    try:
+        yield
+    finally:
+        for range_log in logs:
+            range_log.closing = False  # the op sealed them (meta.state) or they stay usable

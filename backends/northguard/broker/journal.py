@@ -80,6 +80,73 @@ class FileJournal:
             self._size += len(record)
             self.ops_since_snapshot += 1
 
+    async def append_many(self, ops: list[dict[str, Any]]) -> None:
+        """Make every op of ``ops`` durable with one write and one fsync (a group commit)."""
+        record = b"".join(_encode(op) for op in ops)
+        async with self._lock:
+            file = self._file
+            assert file is not None, "journal not loaded"
+            await self._runtime.run_blocking(_write_sync, file, record, self._size)
+            self._size += len(record)
+            self.ops_since_snapshot += len(ops)
+
+    def read_snapshot(self) -> dict[str, Any] | None:
+        """The snapshot on disk, parsed (for a snapshot built off the event loop from it)."""
+        disk = self._runtime.disk
+        if not disk.exists(self._snapshot_path):
+            return None
+        file = disk.open(self._snapshot_path, create=False)
+        try:
+            data = file.pread(file.size(), 0)
+        finally:
+            file.close()
+        records, good = _parse(data)
+        if len(records) != 1 or good != len(data):
+            raise CorruptData(f"metadata snapshot {self._snapshot_path} is damaged")
+        return records[0]
+
+    def write_snapshot_file(self, state: dict[str, Any]) -> int:
+        """Write ``state`` to ``snapshot.tmp``, synced (blocking; no lock: appends go on); its size."""
+        record = _encode(state)
+        disk = self._runtime.disk
+        temporary = self._dir / "snapshot.tmp"
+        disk.remove(temporary)
+        file = disk.open(temporary)
+        try:
+            _write_sync(file, record, 0)
+        finally:
+            file.close()
+        return len(record)
+
+    async def install_snapshot(self, upto_seq: int) -> None:
+        """Put ``snapshot.tmp`` (the state at ``upto_seq``) in place; keep only the log's later ops.
+
+        Appends wait only for the rename and the rewrite of the ops made while
+        the snapshot was built, never for the snapshot's own build or write.
+        """
+        async with self._lock:
+            file = self._file
+            assert file is not None, "journal not loaded"
+            self._file = await self._runtime.run_blocking(self._install_sync, file, upto_seq)
+            self._size = self._file.size()
+
+    def _install_sync(self, log_file: File, upto_seq: int) -> File:
+        disk = self._runtime.disk
+        disk.rename(self._dir / "snapshot.tmp", self._snapshot_path)
+        ops, _good = _parse(log_file.pread(self._size, 0))
+        later = [op for op in ops if int(op["seq"]) > upto_seq]
+        temporary = self._dir / "journal.log.tmp"
+        disk.remove(temporary)
+        new = disk.open(temporary)
+        try:
+            _write_sync(new, b"".join(_encode(op) for op in later), 0)
+        finally:
+            new.close()
+        disk.rename(temporary, self._log_path)
+        log_file.close()
+        self.ops_since_snapshot = len(later)
+        return disk.open(self._log_path, create=False)
+
     async def snapshot(self, state: dict[str, Any]) -> None:
         """Replace the snapshot with ``state`` durably, then empty the log."""
         record = _encode(state)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
+import time
+
+from prometheus_client import Gauge
 
 from backends.northguard.broker.server import Broker, BrokerConfig
 
@@ -32,8 +36,23 @@ async def _serve(config: BrokerConfig) -> None:
     stop_requested = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop_requested.set)
+    started_s = time.monotonic()
     await broker.start()
-    print(f"northguard broker {config.broker_id} ready on {config.host}:{broker.port}", flush=True)
+    start_s = time.monotonic() - started_s
+    Gauge(
+        "northguard_start_seconds",
+        "Time the last start took: store recovery, journal, sealing what a crash left active",
+        registry=broker.metrics.registry,
+    ).set(start_s)
+    # What exists now (modules, recovered state) lives as long as the process: out of the
+    # collector's full scans, which otherwise stall the event loop 40-70 ms each under load
+    # (measured), every append and ack waiting behind them.
+    gc.freeze()
+    print(
+        f"northguard broker {config.broker_id} ready on {config.host}:{broker.port} "
+        f"(recovered in {start_s:.3f} s)",
+        flush=True,
+    )
     try:
         await stop_requested.wait()
         log.info("stop requested: closing connections and the store")

@@ -84,8 +84,11 @@ class ProduceSession:
         self._pending.append((seq, future, size))
         future.add_done_callback(self._on_done)
 
-    def _on_done(self, _: asyncio.Future[int]) -> None:
-        if not self._flush_scheduled and not self._closed:
+    def _on_done(self, future: asyncio.Future[int]) -> None:
+        if self._closed:  # nobody will ack it: its failure is known, not an unseen error
+            _retrieve(future)
+            return
+        if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush_acks)
 
@@ -120,4 +123,12 @@ class ProduceSession:
 
     def close(self) -> None:
         self._closed = True
+        for _, future, _ in self._pending:
+            if future.done():
+                _retrieve(future)
         self._pending.clear()
+
+
+def _retrieve(future: asyncio.Future[int]) -> None:
+    if not future.cancelled():
+        future.exception()

@@ -38,6 +38,7 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from backends.northguard.broker.log_limit import LogLimiter
 from backends.northguard.broker.state import RangeMeta, SegmentMeta, State
 from backends.northguard.runtime import Runtime
 from backends.northguard.store.base import Entry, SegmentStore
@@ -47,10 +48,13 @@ from xinfra.errors import (
     NotFound,
     OffsetOutOfRange,
     Sealed,
+    TopicNotFound,
     XinfraError,
 )
 
 log = logging.getLogger(__name__)
+_limited = LogLimiter(log, interval_s=10.0)
+"""A failed disk fails every range's appends and rolls: one line per kind per 10 s, not per range."""
 
 WAITING_APPENDS_MAX = 100_000
 """Appends a range holds while it rolls its segment; past it, appends fail with Backpressure."""
@@ -118,13 +122,14 @@ class RangeLog:
         self._idle.set()
         self._listeners: set[Callable[[], None]] = set()
         self.producers: OrderedDict[int, ProducerState] = OrderedDict()
+        self.closing = False  # a split, merge or topic seal is sealing this range: no new segment
 
     # -- appends ---------------------------------------------------------------------------------
 
     def append(self, batch: bytes, count: int) -> asyncio.Future[int]:
         """Queue a checked batch; the future resolves to its base offset once committed."""
         future: asyncio.Future[int] = self._loop.create_future()
-        if self.meta.state is State.SEALED:
+        if self.meta.state is State.SEALED or self.closing:
             future.set_exception(Sealed(f"range {self.meta.range_id} is sealed"))
         elif self._roll_task is not None or self._needs_roll(len(batch)):
             if len(self._waiting) >= WAITING_APPENDS_MAX:
@@ -177,7 +182,13 @@ class RangeLog:
                 if self._broken is None:
                     assert isinstance(head.outcome, BaseException)
                     self._broken = head.outcome
-                    log.warning("range %s: append failed: %s", self.meta.range_id, head.outcome)
+                    _limited.warning(
+                        self._runtime.monotonic_s(),
+                        "append",
+                        "range %s: append failed: %s",
+                        self.meta.range_id,
+                        head.outcome,
+                    )
                 if not head.future.done():
                     head.future.set_exception(_as_error(self._broken))
         if advanced:
@@ -204,7 +215,13 @@ class RangeLog:
             self._active_bytes = 0
             self.active_created_ms = self._runtime.wall_ms()
         except XinfraError as error:
-            log.warning("range %s: segment roll failed: %s", self.meta.range_id, error)
+            _limited.warning(
+                self._runtime.monotonic_s(),
+                "roll",
+                "range %s: segment roll failed: %s",
+                self.meta.range_id,
+                error,
+            )
             self._fail_waiting(error)
             return
         except asyncio.CancelledError:
@@ -315,7 +332,12 @@ class RangeLog:
 
     def _segment_of(self, offset: int) -> str:
         for segment_id in reversed(self.meta.segments):
-            if self._segments[segment_id].start_offset <= offset:
+            segment = self._segments.get(segment_id)
+            if segment is None:  # its topic was deleted under a reader
+                raise TopicNotFound(
+                    f"topic {self.meta.topic!r} was deleted (range {self.meta.range_id})"
+                )
+            if segment.start_offset <= offset:
                 return segment_id
         raise InvalidRequest(f"no segment of range {self.meta.range_id} holds offset {offset}")
 

@@ -1,6 +1,8 @@
 """Unary metadata requests: one JSON request, one JSON response, answered by the coordinator.
 
-Every request names its ``op``; malformed arguments are ``InvalidRequest``.
+Every request names its ``op``; malformed arguments are ``InvalidRequest``,
+checked (``fields``) before any work proportional to them: a topic's range
+count is bounded before a range is built.
 In a cluster any broker would proxy a request to the leader of the vnode that
 owns the topic or range; with one broker this broker is that leader.
 """
@@ -10,8 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from backends.northguard.broker.coordinator import Coordinator
+from backends.northguard.broker.fields import int_field, list_field, str_field
 from xinfra.errors import InvalidRequest
 from xinfra.keyspace import KeyRange, shard_ranges
+from xinfra.model import SHARD_COUNT_MAX
 
 OPS = frozenset(
     {
@@ -33,11 +37,11 @@ OPS = frozenset(
 async def handle_request(coordinator: Coordinator, request: dict[str, Any]) -> dict[str, Any]:
     """The result of one unary request; raises ``XinfraError`` for the error response."""
     op = request.get("op")
-    if op not in OPS:
+    if not isinstance(op, str) or op not in OPS:
         raise InvalidRequest(f"unknown request op {op!r}")
     try:
         return await _dispatch(coordinator, op, request)
-    except (KeyError, TypeError, ValueError) as error:
+    except (KeyError, TypeError, ValueError, ArithmeticError) as error:
         raise InvalidRequest(f"malformed {op} request: {error!r}") from error
 
 
@@ -46,12 +50,13 @@ async def _dispatch(coordinator: Coordinator, op: str, request: dict[str, Any]) 
         return {"broker_id": coordinator.config.broker_id}
     if op == "list_topics":
         return {"topics": coordinator.list_topics()}
-    name = _str(request, "name")
+    name = str_field(request, "name")
     if op == "create_topic":
         if "ranges" in request:
-            ranges = [KeyRange.from_json(bounds) for bounds in request["ranges"]]
+            bounds = list_field(request, "ranges", length_max=SHARD_COUNT_MAX)
+            ranges = [KeyRange.from_json(pair) for pair in bounds]
         else:
-            ranges = shard_ranges(int(request["count"]))
+            ranges = shard_ranges(int_field(request, "count", low=1, high=SHARD_COUNT_MAX))
         config = request.get("config") or {}
         if not isinstance(config, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in config.items()
@@ -65,7 +70,7 @@ async def _dispatch(coordinator: Coordinator, op: str, request: dict[str, Any]) 
         return coordinator.describe(name)
     if op == "seal_topic":
         return await coordinator.seal_topic(name)
-    range_id = _int(request, "range_id")
+    range_id = int_field(request, "range_id")
     if op == "segment_metadata":
         return coordinator.segment_metadata(name, range_id)
     if op == "seal_segment":
@@ -74,21 +79,9 @@ async def _dispatch(coordinator: Coordinator, op: str, request: dict[str, Any]) 
     if op == "split_range":
         return await coordinator.split_range(name, range_id)
     if op == "merge_ranges":
-        return await coordinator.merge_ranges(name, range_id, _int(request, "other_range_id"))
+        return await coordinator.merge_ranges(name, range_id, int_field(request, "other_range_id"))
     assert op == "offset_for_timestamp"
-    offset = await coordinator.offset_for_timestamp(name, range_id, _int(request, "timestamp_ms"))
+    offset = await coordinator.offset_for_timestamp(
+        name, range_id, int_field(request, "timestamp_ms", low=-(1 << 63), high=(1 << 63) - 1)
+    )
     return {"offset": offset}
-
-
-def _str(request: dict[str, Any], key: str) -> str:
-    value = request.get(key)
-    if not isinstance(value, str):
-        raise InvalidRequest(f"request field {key!r} must be a string")
-    return value
-
-
-def _int(request: dict[str, Any], key: str) -> int:
-    value = request.get(key)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise InvalidRequest(f"request field {key!r} must be an integer")
-    return value

@@ -21,6 +21,7 @@ from backends.northguard.broker.coordinator import Coordinator, CoordinatorConfi
 from backends.northguard.broker.http import HealthServer
 from backends.northguard.broker.journal import FileJournal
 from backends.northguard.broker.metrics import BrokerMetrics
+from backends.northguard.broker.store_keeper import StoreKeeper
 from backends.northguard.protocol import FRAME_BYTES_MAX
 from backends.northguard.runtime import RealRuntime, Runtime
 from backends.northguard.store import FpsStore, MemoryStore, SegmentStore
@@ -44,6 +45,7 @@ class BrokerConfig:
     group_commit_records_max: int = 20_000
     frame_bytes_max: int = FRAME_BYTES_MAX
     maintenance_s: float = 1.0
+    descriptors_max: int | None = None  # segment file pool bound; None: from RLIMIT_NOFILE
 
 
 class Broker:
@@ -52,6 +54,7 @@ class Broker:
         self.runtime = runtime or RealRuntime()
         self.metrics = BrokerMetrics()
         self.store = self._make_store()
+        self.metrics.watch_store(self.store)
         self.coordinator = Coordinator(
             self.runtime,
             FileJournal(self.runtime, config.data_dir / "meta"),
@@ -64,6 +67,9 @@ class Broker:
                 maintenance_s=config.maintenance_s,
             ),
         )
+        self.metrics.watch_coordinator(self.coordinator)
+        self._keeper = StoreKeeper(self.runtime, self.store, self.metrics.registry)
+        self._keeper_task: asyncio.Task[None] | None = None
         self._server: asyncio.AbstractServer | None = None
         self._http: asyncio.AbstractServer | None = None
         self._connections: set[BrokerConnection] = set()
@@ -82,10 +88,12 @@ class Broker:
             group_commit_bytes_max=config.group_commit_bytes_max,
             group_commit_records_max=config.group_commit_records_max,
             queue_bytes_max=max(4 * config.group_commit_bytes_max, 40 << 20),
+            descriptors_max=config.descriptors_max,
         )
 
     async def start(self) -> None:
         await self.coordinator.start()
+        self._keeper_task = asyncio.create_task(self._keeper.run(), name="northguard-store-keeper")
         network = self.runtime.network
         self._server = await network.serve(self.config.host, self.config.port, self._on_connection)
         self.port = _bound_port(self._server, self.config.port)
@@ -103,15 +111,16 @@ class Broker:
         )
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        failed = bool(getattr(self.store, "failed", False))
+        failure = self.store.failure
         self.metrics.topics.set(len(self.coordinator.state.topics))
-        return not failed, {
+        return failure is None, {
             "broker_id": self.config.broker_id,
             "topics": len(self.coordinator.state.topics),
             "ranges": len(self.coordinator.state.ranges),
             "segments": len(self.coordinator.state.segments),
             "connections": len(self._connections),
-            "store_failed": failed,
+            "store_failed": failure is not None,
+            "store_error": None if failure is None else failure.message,
         }
 
     async def _on_connection(
@@ -136,6 +145,10 @@ class Broker:
                 server.close()
         for connection in list(self._connections):
             await connection.close()
+        if self._keeper_task is not None:
+            self._keeper_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper_task
         await self.coordinator.stop()
         with contextlib.suppress(Exception):
             await self.store.close()

@@ -10,12 +10,22 @@ connection dropped, the broker restarted, the range rolled its segment), its
 unacknowledged batches go back to the head of the shard's queue, in order,
 and are resent with the same sequence numbers on a new stream: the broker
 drops those it already has (within its lifetime), so order holds and
-duplicates only appear across a broker crash (at-least-once).  A batch not
-acknowledged within ``request_timeout_s`` fails with the last error (an
-``Unavailable``); a non-retriable error (``TopicNotFound``, ``Sealed``,
-``CorruptData``...) fails the shard's queued batches at once.  After any
-failure the producer takes a fresh producer id, so the broker never sees a
-gap in a producer's sequence numbers.
+duplicates only appear across a broker crash (at-least-once).  Reopens back
+off exponentially with jitter (``RETRY_BACKOFF_S_MIN`` to ``_MAX``, reset by
+the next Ack), so a broker that refuses every stream (a failed disk) is never
+hammered.
+
+**Every send has a deadline.**  A batch not acknowledged within
+``request_timeout_s`` of being sealed fails, with every later batch of its
+shard, even while its stream and connection look healthy (a hung broker
+keeps its socket open): with ``Timeout``, or with the class and text of the
+last retriable error seen (e.g. the broker's ``StorageError`` "No space left
+on device").  The stream is closed but the connection is kept, so sends
+succeed again once the broker answers.  A non-retriable error
+(``TopicNotFound``, ``Sealed``, ``CorruptData``...) fails the shard's queued
+batches at once.  After any failure the producer takes a fresh producer id,
+so the broker never sees a gap in a producer's sequence numbers.  ``close``
+therefore returns within ``request_timeout_s`` (plus one reconnect).
 
 Bounds: ``buffer_bytes_max`` payload bytes unacknowledged (``send`` raises
 ``Backpressure`` past it), ``record_bytes_max`` per record, the broker's
@@ -41,15 +51,15 @@ from xinfra.errors import (
     Backpressure,
     RecordTooLarge,
     Timeout,
-    Unavailable,
     XinfraError,
 )
 from xinfra.model import Record
 
 log = logging.getLogger(__name__)
 
-RETRY_BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
-"""Waits between reconnection attempts (the last one repeats until the deadline)."""
+RETRY_BACKOFF_S_MIN = 0.05
+RETRY_BACKOFF_S_MAX = 2.0
+"""Bounds of the wait before a stream is reopened after a failure (doubling, with jitter)."""
 BATCH_RECORDS_MAX = 20_000
 
 
@@ -80,7 +90,10 @@ class _Batch:
 
 class _Shard:
     __slots__ = (
+        "deadline_timer",
+        "failures",
         "index",
+        "last_error",
         "parts",
         "pending_bytes",
         "queue",
@@ -103,6 +116,9 @@ class _Shard:
         self.unacked: deque[_Batch] = deque()  # sent on the current stream
         self.stream: ProduceStream | None = None
         self.reopening: asyncio.Task[None] | None = None
+        self.deadline_timer: asyncio.TimerHandle | None = None
+        self.failures = 0  # stream failures since the last Ack: the backoff's exponent
+        self.last_error: XinfraError | None = None  # what a deadline reports, if not a Timeout
 
 
 class NorthguardProducer(ShardProducer):
@@ -211,6 +227,7 @@ class NorthguardProducer(ShardProducer):
         state.pending_bytes = 0
         batch.seq = self._take_seq(state.range_id)
         state.queue.append(batch)
+        self._arm_deadline(state)
         self._pump(state)
 
     def _take_seq(self, range_id: int) -> int:
@@ -245,22 +262,13 @@ class NorthguardProducer(ShardProducer):
         return not state.queue and not state.unacked
 
     async def _open_stream(self, state: _Shard) -> None:
-        attempt = 0
-        last: XinfraError | None = None
         try:
             while state.queue:
-                now = self._runtime.monotonic_s()
-                if state.queue[0].deadline <= now:
-                    failure = last if isinstance(last, Unavailable) else None
-                    self._fail_shard(
-                        state,
-                        failure
-                        or Timeout(
-                            f"not acknowledged in {self._options.request_timeout_s:g} s by "
-                            f"Northguard broker {self._address}"
-                        ),
-                    )
-                    return
+                if state.failures:
+                    await self._runtime.sleep(self._backoff_s(state))
+                    if not state.queue:  # failed by its deadline meanwhile
+                        return
+                stream: ProduceStream | None = None
                 try:
                     connection = await self._connect()
                     stream = ProduceStream(
@@ -272,24 +280,60 @@ class NorthguardProducer(ShardProducer):
                         functools.partial(self._on_failure_cb, state),
                     )
                     state.stream = stream
-                    await asyncio.wait_for(
-                        asyncio.shield(stream.opened), max(0.1, state.queue[0].deadline - now)
+                    wait_s = (
+                        state.queue[0].deadline - self._runtime.monotonic_s() if state.queue else 0
                     )
+                    await asyncio.wait_for(asyncio.shield(stream.opened), max(0.1, wait_s))
                     state.reopening = None
                     self._pump(state)
                     return
                 except TimeoutError:
-                    last = Timeout(f"Northguard broker {self._address} did not open a stream")
+                    state.last_error = Timeout(
+                        f"Northguard broker {self._address} did not open a stream"
+                    )
                 except XinfraError as error:
                     if not error.retriable:
                         self._fail_shard(state, error)
                         return
-                    last = error
-                await self._runtime.sleep(RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)])
-                attempt += 1
+                    state.last_error = error
+                if stream is not None and state.stream is stream:
+                    state.stream = None
+                    stream.close()
+                state.failures += 1
         finally:
             if state.reopening is asyncio.current_task():
                 state.reopening = None
+
+    def _backoff_s(self, state: _Shard) -> float:
+        """Doubling per failure since the last Ack, capped, with jitter so shards do not align."""
+        exponent = min(max(state.failures - 1, 0), 16)
+        ceiling = min(RETRY_BACKOFF_S_MAX, RETRY_BACKOFF_S_MIN * float(1 << exponent))
+        return ceiling * (0.5 + 0.5 * self._runtime.random.random())
+
+    def _arm_deadline(self, state: _Shard) -> None:
+        """Wake up at the oldest unacknowledged batch's deadline (one timer per shard)."""
+        if state.deadline_timer is not None or self._closed_for_good(state):
+            return
+        oldest = state.unacked[0] if state.unacked else state.queue[0]
+        delay_s = max(0.0, oldest.deadline - self._runtime.monotonic_s())
+        state.deadline_timer = self._runtime.call_later(
+            delay_s, functools.partial(self._on_deadline, state)
+        )
+
+    def _on_deadline(self, state: _Shard) -> None:
+        state.deadline_timer = None
+        if self._closed_for_good(state):
+            return
+        oldest = state.unacked[0] if state.unacked else state.queue[0]
+        if oldest.deadline > self._runtime.monotonic_s():
+            self._arm_deadline(state)
+            return
+        waited = f"not acknowledged in {self._options.request_timeout_s:g} s by Northguard broker {self._address}"
+        last = state.last_error
+        if last is None or isinstance(last, Timeout):
+            self._fail_shard(state, Timeout(waited))
+        else:
+            self._fail_shard(state, type(last)(f"{waited}: {last.message}"))
 
     async def _connect(self) -> ClientConnection:
         if self._connection is not None and not self._connection.closed:
@@ -307,6 +351,8 @@ class NorthguardProducer(ShardProducer):
 
     def _on_acks(self, state: _Shard, first_seq: int, offsets: tuple[int, ...]) -> None:
         unacked = state.unacked
+        state.failures = 0
+        state.last_error = None
         for position, base_offset in enumerate(offsets):
             seq = first_seq + position
             if not unacked or unacked[0].seq != seq:
@@ -342,6 +388,8 @@ class NorthguardProducer(ShardProducer):
         if error.retriable:
             state.queue.extendleft(reversed(state.unacked))
             state.unacked.clear()
+            state.failures += 1
+            state.last_error = error
             if state.queue:
                 log.info(
                     "shard %d: stream failed (%s); resending on a new stream", state.index, error
@@ -396,6 +444,9 @@ class NorthguardProducer(ShardProducer):
                 with contextlib.suppress(Exception):
                     state.stream.close()
                 state.stream = None
+            if state.deadline_timer is not None:
+                state.deadline_timer.cancel()
+                state.deadline_timer = None
         for task in list(self._tasks):
             task.cancel()
         if self._connection is not None:

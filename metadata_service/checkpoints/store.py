@@ -1,0 +1,93 @@
+"""Checkpoint rows in MySQL (or SQLite): one batched upsert per flush, reads per group.
+
+Every statement touches one virtual cluster's rows except the flush, whose
+one multi-row upsert may name several virtual clusters; on Vitess the buffer
+would split a flush per shard (one statement each), which ``upsert`` allows by
+taking any subset of rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Mapping
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from metadata_service.store.tables import checkpoints as table
+
+_COLUMNS = ("virtual_cluster", "group_name", "topic", "epoch", "shard", "position", "updated_ms")
+
+CheckpointKey = tuple[str, str, str, int, int]
+"""(virtual cluster, group, topic, epoch, shard)."""
+GroupCheckpoints = dict[tuple[str, int, int], int]
+"""(topic, epoch, shard) -> position (the next offset to read)."""
+
+
+class CheckpointStore:
+    """Synchronous; called from the runtime's bounded thread pool."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.statements = 0
+        """Upsert statements issued (the benchmark reports commits per statement)."""
+
+    def upsert(self, rows: Mapping[CheckpointKey, int]) -> None:
+        """Write every row in one statement and one transaction (last value per key wins).
+
+        A raw driver ``executemany``: PyMySQL folds it into one multi-row INSERT (split
+        only past its 1 MB statement limit), and no SQL is compiled per flush.  Building
+        the same statement through SQLAlchemy's ``insert().values(rows)`` compiled 1,400
+        bind parameters for 200 rows: 72 ms a flush against 4 ms in MariaDB.
+        """
+        if not rows:
+            return
+        now = int(time.time() * 1000)
+        params = [
+            (vc, group, topic, epoch, shard, position, now)
+            for (vc, group, topic, epoch, shard), position in rows.items()
+        ]
+        with self.engine.begin() as connection:
+            connection.exec_driver_sql(self._upsert_sql, params)
+        self.statements += 1
+
+    @functools.cached_property
+    def _upsert_sql(self) -> str:
+        dialect = self.engine.dialect
+        marks = ", ".join(["?" if dialect.paramstyle == "qmark" else "%s"] * len(_COLUMNS))
+        insert = f"INSERT INTO {table.name} ({', '.join(_COLUMNS)}) VALUES ({marks})"
+        if dialect.name in ("mysql", "mariadb"):
+            return (
+                f"{insert} ON DUPLICATE KEY UPDATE "
+                "position = VALUES(position), updated_ms = VALUES(updated_ms)"
+            )
+        keys = ", ".join(c.name for c in table.primary_key.columns)
+        return (
+            f"{insert} ON CONFLICT ({keys}) DO UPDATE SET "
+            "position = excluded.position, updated_ms = excluded.updated_ms"
+        )
+
+    def read_group(self, vc: str, group: str) -> GroupCheckpoints:
+        query = sa.select(table.c.topic, table.c.epoch, table.c.shard, table.c.position).where(
+            table.c.virtual_cluster == vc, table.c.group_name == group
+        )
+        with self.engine.connect() as connection:
+            return {(r.topic, r.epoch, r.shard): r.position for r in connection.execute(query)}
+
+    def delete_group(self, vc: str, group: str, topic: str | None = None) -> int:
+        where = [table.c.virtual_cluster == vc, table.c.group_name == group]
+        if topic is not None:
+            where.append(table.c.topic == topic)
+        with self.engine.begin() as connection:
+            return int(connection.execute(sa.delete(table).where(*where)).rowcount)
+
+    def list_groups(self, vc: str) -> list[str]:
+        query = (
+            sa.select(table.c.group_name)
+            .where(table.c.virtual_cluster == vc)
+            .distinct()
+            .order_by(table.c.group_name)
+        )
+        with self.engine.connect() as connection:
+            return [r.group_name for r in connection.execute(query)]

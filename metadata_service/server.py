@@ -1,0 +1,189 @@
+"""Run an app under uvicorn so that a SIGTERM first answers the requests that wait for settles.
+
+uvicorn waits up to its graceful timeout for in-flight requests, then cancels
+them (the caller gets a 500).  A request that waits for a seal's settle can
+wait longer than that, so on the signal the settle service answers those
+requests at once with the pending state (202); the settles themselves are
+durable and resume at the next start (``metadata_service.settle``).
+
+The HTTP protocol is uvicorn's (httptools when installed, else h11) with bounds uvicorn lacks: a
+connection beyond ``connections_max`` is closed as it is accepted, and a
+connection that has not sent a whole request head ``header_timeout_s`` after
+it opened (or after the first byte of a later head) is closed, so that
+connections that never finish their headers cannot pile up; httptools' heads
+are bounded to ``header_bytes_max`` here, h11's by uvicorn.  uvicorn's own
+``limit_concurrency`` (503 past it), ``timeout_keep_alive`` and
+``h11_max_incomplete_event_size`` (the largest head) are set from the same
+``ServiceConfig``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import h11
+import uvicorn
+from fastapi import FastAPI
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from metadata_service.config import ServiceConfig
+
+STARTUP_FAILURE = 3
+"""uvicorn's exit code when the app fails to start."""
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._on_exit()
+        super().handle_exit(sig, frame)
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a connection limit and a request-head timeout (h11 bounds
+    the head's size itself: ``h11_max_incomplete_event_size``)."""
+
+    connections_max: int = 1000
+    header_timeout_s: float = 10.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._head_timer: asyncio.TimerHandle | None = None
+        super().connection_made(transport)
+        if len(self.connections) > self.connections_max:
+            transport.close()  # connection_lost forgets it
+            return
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self._arm()  # a head has begun (or not even that): it must end in time
+        else:
+            self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a connection limit, a request-head timeout and a bound
+    on the head's size (httptools has none of its own)."""
+
+    connections_max: int = 1000
+    header_timeout_s: float = 10.0
+    header_bytes_max: int = 16 << 10
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._in_head = True
+        self._head_bytes = 0
+        super().connection_made(transport)
+        if len(self.connections) > self.connections_max:
+            transport.close()
+            return
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._in_head and self._head_bytes > self.header_bytes_max:
+            self.transport.close()  # still no end of the head after this many bytes
+
+    def on_message_begin(self) -> None:
+        self._in_head = True
+        self._head_bytes = 0
+        self._arm()
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._disarm()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if self._in_head and not self.transport.is_closing():
+            self.transport.close()
+
+
+def uvicorn_config(
+    app: FastAPI, host: str, port: int, http: str = "auto", **options: Any
+) -> uvicorn.Config:
+    """The ``uvicorn.Config`` of an app made by ``create_app``, bounded by its ``ServiceConfig``.
+
+    ``http`` is ``auto`` (httptools when installed, as uvicorn picks), ``httptools`` or
+    ``h11``, each guarded; ``options`` are ``uvicorn.Config``'s and override the bounds.
+    """
+    config: ServiceConfig = app.state.config
+    if http == "auto":
+        http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    if http not in ("h11", "httptools"):
+        raise ValueError(f"http={http!r}: use auto, h11 or httptools")
+    base: type[Any] = GuardedHttpToolsProtocol if http == "httptools" else GuardedH11Protocol
+    protocol = type(
+        base.__name__,
+        (base,),
+        {
+            "connections_max": config.connections_max,
+            "header_timeout_s": config.header_timeout_s,
+            "header_bytes_max": config.header_bytes_max,
+        },
+    )
+    bounded: dict[str, Any] = {
+        "http": protocol,
+        # Requests in flight; +1: connections are capped by the protocol at connections_max,
+        # and uvicorn counts those too (it would refuse every request at a full house).
+        "limit_concurrency": config.connections_max + 1,
+        "timeout_keep_alive": config.keep_alive_s,
+        "h11_max_incomplete_event_size": config.header_bytes_max,
+    }
+    return uvicorn.Config(app, host=host, port=port, **{**bounded, **options})
+
+
+def serve(app: FastAPI, host: str, port: int, **options: Any) -> None:
+    """``uvicorn.run`` for one app made by ``create_app`` (``options`` are ``uvicorn.Config``'s)."""
+    server = _Server(
+        uvicorn_config(app, host, port, **options),
+        app.state.services.settles.begin_shutdown,
+    )
+    server.run()
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)

@@ -1,0 +1,68 @@
+"""The command line's surface: -h and --version everywhere, plugins imported only when used."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from xinfra import __version__
+
+
+def _xinfra(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "xinfra.cli", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_version_flag_and_command() -> None:
+    assert _xinfra("--version").stdout.strip() == __version__
+    assert _xinfra("version").stdout.strip() == __version__
+    assert _xinfra("version", "--json").stdout.strip() == f'{{"version": "{__version__}"}}'
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-h"],
+        ["topics", "-h"],
+        ["topics", "reconcile", "-h"],
+        ["topics", "offsets", "-h"],
+        ["consume", "-h"],
+        ["northguard", "broker", "-h"],
+        ["status", "-h"],
+        ["down", "-h"],
+    ],
+)
+def test_short_help_everywhere(args: list[str]) -> None:
+    result = _xinfra(*args)
+    assert result.returncode == 0, result.stderr
+    assert "Usage:" in result.stdout
+
+
+def test_help_and_version_import_no_plugin() -> None:
+    """The listing names every plugin, yet imports neither the service, the brokers nor the SDK."""
+    probe = (
+        "import sys\n"
+        "from xinfra.cli import app\n"
+        "for args in (['--help'], ['version'], ['--version']):\n"
+        "    try:\n"
+        "        app(args)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "heavy = [m for m in ('metadata_service', 'backends', 'clients', 'fastapi', 'httpx',\n"
+        "                     'pydantic_settings') if m in sys.modules]\n"
+        "print('HEAVY', heavy)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "HEAVY []" in result.stdout
+    for plugin in ("topics", "produce", "consume", "northguard", "serve"):
+        assert plugin in result.stdout
+
+
+def test_unknown_command_is_a_usage_error() -> None:
+    result = _xinfra("nope")
+    assert result.returncode == 2
+    assert "nope" in result.stderr

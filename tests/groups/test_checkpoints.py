@@ -1,0 +1,217 @@
+"""Checkpoints on real MariaDB and Redis: coalescing, acknowledged only once durable, the
+cache answering first and never changing an answer (flushed, stale or down)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from groups_harness import wait_until
+
+from metadata_service.checkpoints.cache import CheckpointCache, MemoryCache, RedisCache
+from metadata_service.checkpoints.service import CheckpointService
+from metadata_service.checkpoints.store import CheckpointStore
+from metadata_service.migrate import upgrade_database
+from xinfra.services.redis import start_redis
+
+VC = "default"
+
+
+async def db(function: Callable[..., Any], *args: Any) -> Any:
+    return await asyncio.to_thread(function, *args)
+
+
+@pytest.fixture
+def engine(mysql_url: str) -> Any:
+    upgrade_database(mysql_url)
+    engine = sa.create_engine(mysql_url, pool_size=4)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(params=["memory", "redis"])
+def cache(request: pytest.FixtureRequest, redis_url: str) -> CheckpointCache:
+    if request.param == "memory":
+        return MemoryCache()
+    return RedisCache(redis_url, prefix=f"test-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture
+async def checkpoints(engine: Any, cache: CheckpointCache) -> AsyncIterator[CheckpointService]:
+    service = CheckpointService(db, CheckpointStore(engine), cache, interval_s=0.005)
+    await service.start()
+    yield service
+    await service.stop()
+
+
+def rows(engine: Any, group: str) -> list[tuple[str, int, int, int]]:
+    with engine.connect() as connection:
+        result = connection.execute(
+            sa.text(
+                "SELECT topic, epoch, shard, position FROM checkpoints "
+                "WHERE virtual_cluster = :vc AND group_name = :g ORDER BY topic, epoch, shard"
+            ),
+            {"vc": VC, "g": group},
+        )
+        return [tuple(r) for r in result]  # type: ignore[misc]
+
+
+def inserts_running(engine: Any) -> int:
+    """Checkpoint upserts MariaDB is executing now (here: waiting for a row lock)."""
+    with engine.connect() as c:
+        return int(
+            c.execute(
+                sa.text(
+                    "SELECT COUNT(*) FROM information_schema.PROCESSLIST "
+                    "WHERE INFO LIKE 'INSERT INTO checkpoints%'"
+                )
+            ).scalar()
+        )
+
+
+async def test_commits_to_one_key_coalesce_and_the_last_wins(
+    checkpoints: CheckpointService, engine: Any
+) -> None:
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    statements = checkpoints.store.statements
+    # 500 concurrent commits, 200 of them to one key: a handful of statements, one row per key.
+    commits = [{(VC, group, "t", 0, 0): offset} for offset in range(200)]
+    commits += [{(VC, group, "t", 0, shard): 7} for shard in range(1, 301)]
+    await asyncio.gather(*(checkpoints.commit(c) for c in commits))
+    assert rows(engine, group)[0] == ("t", 0, 0, 199)
+    assert len(rows(engine, group)) == 301
+    used = checkpoints.store.statements - statements
+    assert 1 <= used <= 10, f"{len(commits)} commits became {used} statements"
+    assert (await checkpoints.read_group(VC, group))[("t", 0, 0)] == 199
+
+
+async def test_a_commit_is_acknowledged_only_after_its_flush(
+    checkpoints: CheckpointService, engine: Any
+) -> None:
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    key = (VC, group, "t", 0, 0)
+    await checkpoints.commit({key: 1})
+    with engine.connect() as blocker:
+        # Hold the row's lock: the flush's upsert must wait for it, and so must the commit.
+        transaction = blocker.begin()
+        blocker.execute(
+            sa.text("SELECT * FROM checkpoints WHERE group_name = :g FOR UPDATE"), {"g": group}
+        )
+        commit = asyncio.create_task(checkpoints.commit({key: 2}))
+        await wait_until(
+            lambda: asyncio.to_thread(inserts_running, engine), what="the flush to block"
+        )
+        assert not commit.done(), "acknowledged before its flush committed"
+        transaction.rollback()
+    await asyncio.wait_for(commit, 30)
+    assert rows(engine, group) == [("t", 0, 0, 2)]
+
+
+async def test_flushes_overlap_but_an_older_value_never_lands_after_a_newer(
+    checkpoints: CheckpointService, engine: Any
+) -> None:
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    key, other = (VC, group, "t", 0, 0), (VC, group, "t", 0, 1)
+    await checkpoints.commit({key: 1})
+    with engine.connect() as blocker:
+        transaction = blocker.begin()
+        # The one row, by its whole primary key: a record lock, no gap lock on its neighbours.
+        blocker.execute(
+            sa.text(
+                "SELECT * FROM checkpoints WHERE virtual_cluster = :vc AND group_name = :g "
+                "AND topic = 't' AND epoch = 0 AND shard = 0 FOR UPDATE"
+            ),
+            {"vc": VC, "g": group},
+        )
+
+        async def one_blocked() -> bool:
+            return await asyncio.to_thread(inserts_running, engine) == 1
+
+        async def two_flights() -> bool:
+            return checkpoints.buffer.in_flight == 2
+
+        older = asyncio.create_task(checkpoints.commit({key: 2}))
+        await wait_until(one_blocked, what="the first flush to block on the row")
+        # Pipelined: a flush of another key is written and acknowledged meanwhile.
+        await asyncio.wait_for(checkpoints.commit({other: 9}), 30)
+        # A newer value of the blocked key waits for the flight that holds the older one:
+        # taken into a flight of its own, it never reaches MySQL before that one has landed.
+        newer = asyncio.create_task(checkpoints.commit({key: 3}))
+        await wait_until(two_flights, what="the newer value to be taken into a second flight")
+        assert await asyncio.to_thread(inserts_running, engine) == 1
+        assert not older.done() and not newer.done()
+        transaction.rollback()
+    await asyncio.wait_for(asyncio.gather(older, newer), 30)
+    assert rows(engine, group) == [("t", 0, 0, 3), ("t", 0, 1, 9)]
+    assert (await checkpoints.read_group(VC, group))[("t", 0, 0)] == 3
+
+
+async def test_reads_hit_the_cache_and_a_flushed_cache_changes_no_answer(
+    checkpoints: CheckpointService, engine: Any
+) -> None:
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    await checkpoints.commit({(VC, group, "t", 0, s): 10 + s for s in range(3)})
+    first = await checkpoints.read_group(VC, group)
+    hits = checkpoints.cache_hits
+    # Behind the cache's back: the cache still answers, which shows reads go to it first.
+    with engine.begin() as c:
+        c.execute(
+            sa.text("UPDATE checkpoints SET position = 0 WHERE group_name = :g"), {"g": group}
+        )
+    assert await checkpoints.read_group(VC, group) == first
+    assert checkpoints.cache_hits == hits + 1
+    # Commits write through: the cached answer follows them.
+    await checkpoints.commit({(VC, group, "t", 1, 0): 99})
+    assert (await checkpoints.read_group(VC, group))[("t", 1, 0)] == 99
+    # The cache flushed: the answer comes from MySQL (where the test zeroed the old rows).
+    await checkpoints.cache.drop_group((VC, group))
+    again = await checkpoints.read_group(VC, group)
+    assert again == {("t", 0, 0): 0, ("t", 0, 1): 0, ("t", 0, 2): 0, ("t", 1, 0): 99}
+
+
+async def test_redis_down_or_stale_changes_no_answer(engine: Any, tmp_path: Path) -> None:
+    process = start_redis(tmp_path)
+    service = CheckpointService(
+        db, CheckpointStore(engine), RedisCache(process.url), interval_s=0.005
+    )
+    await service.start()
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    key = (VC, group, "t", 0, 0)
+    try:
+        await service.commit({key: 1})
+        assert await service.read_group(VC, group) == {("t", 0, 0): 1}  # now cached
+        # Redis frozen: the write-through fails, the commit is still acknowledged (MySQL has it).
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            await service.commit({key: 2})
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        # Redis is back with the old value: the group is suspect, the answer is MySQL's.
+        assert await service.read_group(VC, group) == {("t", 0, 0): 2}
+        assert await service.read_group(VC, group) == {("t", 0, 0): 2}
+        # Redis gone for good: commits and reads carry on.
+        process.stop()
+        await service.commit({key: 3})
+        assert await service.read_group(VC, group) == {("t", 0, 0): 3}
+    finally:
+        await service.stop()
+        process.stop()
+
+
+def test_the_embedded_store_upserts_too(tmp_path: Path) -> None:
+    """SQLite (the embedded default) takes the same one-statement upsert."""
+    url = f"sqlite:///{tmp_path / 'metadata.db'}"
+    upgrade_database(url)
+    store = CheckpointStore(sa.create_engine(url))
+    store.upsert({(VC, "g", "t", 0, 0): 1, (VC, "g", "t", 0, 1): 2})
+    store.upsert({(VC, "g", "t", 0, 0): 5})
+    assert store.read_group(VC, "g") == {("t", 0, 0): 5, ("t", 0, 1): 2}
+    assert store.list_groups(VC) == ["g"]
+    assert store.delete_group(VC, "g", "t") == 2

@@ -1,0 +1,299 @@
+"""The topic-metadata read path on real MariaDB: the uncached read (one query) serves exactly
+what the cache serves, what the store holds, and nothing a token may not see."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import httpx
+from ms_harness import Service, running
+from test_ms_api import VC, assert_problem, create_topic, register, wait_for
+
+from metadata_service import ServiceConfig
+from xinfra.model import TopicMetadata
+
+
+def lookups(metrics_text: str, name: str) -> dict[str, float]:
+    """``{result: count}`` of a ``<name>_total{result=...}`` counter in a /metrics page."""
+    counts: dict[str, float] = {}
+    prefix = f"{name}_total{{"
+    for line in metrics_text.splitlines():
+        if line.startswith(prefix):
+            labels, value = line[len(prefix) :].split("} ")
+            counts[labels.split('"')[1]] = float(value)
+    return counts
+
+
+async def cache_lookups(service: Service) -> dict[str, float]:
+    text = (await service.http.get("/metrics")).text
+    return lookups(text, "xinfra_metadata_cache_lookups")
+
+
+async def token_lookups(service: Service) -> dict[str, float]:
+    text = (await service.http.get("/metrics")).text
+    return lookups(text, "xinfra_metadata_token_cache_lookups")
+
+
+async def client_token(service: Service, name: str = "app", scope: str = VC) -> dict[str, str]:
+    created = await service.ok(
+        "POST", "/v1/tokens", 201, json={"name": name, "role": "client", "scope": scope}
+    )
+    return {"Authorization": f"Bearer {created['token']}"}
+
+
+def expected_metadata(service: Service, name: str) -> TopicMetadata:
+    """The client view built from the store's full rows (``get_topic``), not from the read path."""
+    store = service.app.state.services.runtime.store
+    topic, epochs = store.get_topic(VC, name)
+    ready = [e for e in epochs if e.intent == "ready"]
+    clusters = {e.cluster: store.get_cluster(e.cluster)[0] for e in ready}
+    return TopicMetadata.model_validate(
+        {
+            "topic": {
+                "virtual_cluster": VC,
+                "name": name,
+                "config": topic.config,
+                "sealed": topic.sealed,
+            },
+            "version": topic.version,
+            "epochs": [e.to_model() for e in ready],
+            "clusters": clusters,
+        }
+    )
+
+
+async def test_uncached_read_is_the_cached_read_and_the_stored_rows(
+    service: Service, bootstrap: str
+) -> None:
+    await register(service, bootstrap, "kafka-1")
+    await register(service, bootstrap.replace(":9092", ":9093"), "ng-1", kind="northguard")
+    await create_topic(service, "events", 3, cluster="kafka-1")
+    await service.ok(
+        "POST",
+        f"/v1/vclusters/{VC}/topics/events/epochs",
+        201,
+        json={"cluster": "ng-1", "end_offsets": {"0": 10, "1": 20, "2": 30}},
+    )
+    as_client = await client_token(service)
+    url = f"/v1/vclusters/{VC}/topics/events/metadata"
+    service.app.state.services.runtime.cache.invalidate(None)
+    before = await cache_lookups(service)
+    cold = await service.http.get(url, headers=as_client)
+    warm = await service.http.get(url, headers=as_client)
+    after = await cache_lookups(service)
+    assert after.get("miss", 0) - before.get("miss", 0) == 1
+    assert after.get("hit", 0) - before.get("hit", 0) == 1
+    assert cold.status_code == warm.status_code == 200
+    assert cold.content == warm.content
+    assert cold.headers["etag"] == warm.headers["etag"] == '"2"'
+    assert cold.headers["content-type"] == warm.headers["content-type"] == "application/json"
+    metadata = TopicMetadata.model_validate_json(cold.content)
+    assert metadata == expected_metadata(service, "events")
+    # The body is the model's own serialization, byte for byte.
+    assert cold.content == metadata.model_dump_json().encode()
+    assert [e.cluster for e in metadata.epochs] == ["kafka-1", "ng-1"]
+    assert metadata.epochs[0].end_offsets == {0: 10, 1: 20, 2: 30}
+    assert set(metadata.clusters) == {"kafka-1", "ng-1"}
+
+
+async def test_change_is_visible_after_the_version_bump(service: Service, bootstrap: str) -> None:
+    await register(service, bootstrap)
+    await create_topic(service, "orders")
+    as_client = await client_token(service)
+    url = f"/v1/vclusters/{VC}/topics/orders/metadata"
+    for _ in range(2):  # the second read is a cache hit
+        assert (await service.ok("GET", url, headers=as_client))["version"] == 1
+    await service.ok("PATCH", f"/v1/vclusters/{VC}/topics/orders", json={"config": {"a": "b"}})
+    for _ in range(2):
+        body = await service.ok("GET", url, headers=as_client)
+        assert body["version"] == 2 and body["topic"]["config"] == {"a": "b"}
+    await service.ok(
+        "POST",
+        f"/v1/vclusters/{VC}/topics/orders/seal",
+        json={"end_offsets": {str(i): 0 for i in range(4)}},
+    )
+    body = await service.ok("GET", url, headers=as_client)
+    assert body["version"] == 3 and body["topic"]["sealed"] is True
+
+
+async def test_missing_and_creating_topics_are_not_found(service: Service, bootstrap: str) -> None:
+    await register(service, bootstrap)
+    as_client = await client_token(service)
+    missing = await service.http.get(f"/v1/vclusters/{VC}/topics/nope/metadata", headers=as_client)
+    assert_problem(missing, 404, "topic_not_found")
+    store = service.app.state.services.runtime.store
+    await create_topic(service, "orders")
+    _topic, epochs = store.get_topic(VC, "orders")
+    epoch0 = epochs[0]
+    epoch0.topic, epoch0.intent = "half", "creating"
+    store.insert_topic_intent(VC, "half", {}, epoch0)
+    half = await service.http.get(f"/v1/vclusters/{VC}/topics/half/metadata", headers=as_client)
+    assert_problem(half, 404, "topic_not_found")
+
+
+async def test_scoped_token_reads_its_virtual_cluster_only(
+    service: Service, bootstrap: str
+) -> None:
+    await register(service, bootstrap)
+    await service.ok("POST", "/v1/vclusters", 201, json={"name": "other"})
+    await service.ok(
+        "POST",
+        "/v1/vclusters/other/topics",
+        201,
+        json={"name": "orders", "cluster": "k1", "shards": 2},
+    )
+    await create_topic(service, "orders")
+    as_client = await client_token(service)
+    other_url = "/v1/vclusters/other/topics/orders/metadata"
+    # The admin's read puts the other virtual cluster's topic in the cache first.
+    await service.ok("GET", other_url)
+    await service.ok("GET", other_url)
+    assert_problem(await service.http.get(other_url, headers=as_client), 403, "forbidden")
+    mine = await service.ok("GET", f"/v1/vclusters/{VC}/topics/orders/metadata", headers=as_client)
+    assert mine["topic"]["virtual_cluster"] == VC
+    unknown = {"Authorization": "Bearer xt_not-a-token"}
+    assert_problem(await service.http.get(other_url, headers=unknown), 401, "unauthenticated")
+
+
+async def test_revoked_token_is_refused_on_this_instance_at_once(
+    service: Service, bootstrap: str
+) -> None:
+    await register(service, bootstrap)
+    await create_topic(service, "orders")
+    as_client = await client_token(service)
+    url = f"/v1/vclusters/{VC}/topics/orders/metadata"
+    before = await token_lookups(service)
+    for _ in range(3):  # a miss, then cached; the metadata is cached too
+        await service.ok("GET", url, headers=as_client)
+    after = await token_lookups(service)
+    assert after.get("miss", 0) - before.get("miss", 0) == 1
+    assert after.get("hit", 0) - before.get("hit", 0) >= 2
+    await service.ok("DELETE", "/v1/tokens/app", 204)
+    assert_problem(await service.http.get(url, headers=as_client), 401, "unauthenticated")
+
+
+async def test_revoked_token_is_refused_by_another_instance_within_its_cache_time(
+    make_config: Callable[..., ServiceConfig], bootstrap: str
+) -> None:
+    async with (
+        running(make_config()) as a,
+        running(make_config(token_cache_s=0.5)) as b,
+    ):
+        await register(a, bootstrap)
+        await create_topic(a, "orders")
+        as_client = await client_token(a)
+        url = f"/v1/vclusters/{VC}/topics/orders/metadata"
+        await b.ok("GET", url, headers=as_client)
+        await b.ok("GET", url, headers=as_client)  # token and metadata cached on b
+        await a.ok("DELETE", "/v1/tokens/app", 204)
+
+        async def refused() -> bool:
+            return (await b.http.get(url, headers=as_client)).status_code == 401
+
+        await wait_for(refused, timeout_s=5)
+
+
+async def test_token_revoked_while_its_lookup_is_in_flight_is_not_cached(
+    service: Service, bootstrap: str
+) -> None:
+    """A lookup that read the row before the delete must not put it back in the cache."""
+    await register(service, bootstrap)
+    await create_topic(service, "orders")
+    headers = await client_token(service)
+    tokens = service.app.state.services.tokens
+    runtime = service.app.state.services.runtime
+    original = runtime.store.find_token
+    entered, release = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def slow_find(token_hash: str):  # type: ignore[no-untyped-def]
+        row = original(token_hash)
+        loop.call_soon_threadsafe(entered.set)
+        asyncio.run_coroutine_threadsafe(release.wait(), loop).result(10)
+        return row
+
+    runtime.store.find_token = slow_find
+    try:
+        lookup = asyncio.create_task(tokens.authenticate(headers["Authorization"]))
+        await asyncio.wait_for(entered.wait(), 10)
+        await tokens.delete("app")
+        release.set()
+        assert (await lookup).name == "app"  # it started before the delete: it may pass once
+    finally:
+        runtime.store.find_token = original
+    url = f"/v1/vclusters/{VC}/topics/orders/metadata"
+    assert_problem(await service.http.get(url, headers=headers), 401, "unauthenticated")
+
+
+async def test_cold_reads_miss_when_the_cache_holds_fewer_topics(
+    make_config: Callable[..., ServiceConfig], bootstrap: str
+) -> None:
+    """How the bench produces its 0%-hit path: reads cycle over more topics than the cache holds."""
+    async with running(make_config(cache_topics_max=2)) as service:
+        await register(service, bootstrap)
+        names = ["t0", "t1", "t2"]
+        for name in names:
+            await create_topic(service, name, 1)
+        as_client = await client_token(service)
+        before = await cache_lookups(service)
+        for _ in range(3):
+            for name in names:
+                url = f"/v1/vclusters/{VC}/topics/{name}/metadata"
+                body = await service.ok("GET", url, headers=as_client)
+                assert body["topic"]["name"] == name
+        after = await cache_lookups(service)
+        assert after.get("miss", 0) - before.get("miss", 0) == 9
+        assert after.get("hit", 0) == before.get("hit", 0)
+
+
+async def test_read_path_over_a_real_socket(live_url: str, service_config: ServiceConfig) -> None:
+    """The fast path sits in the ASGI stack that uvicorn runs: same answers over HTTP/1.1."""
+    headers = {"Authorization": f"Bearer {service_config.admin_token}"}
+    async with httpx.AsyncClient(base_url=live_url, headers=headers, timeout=30) as http:
+        missing = await http.get(f"/v1/vclusters/{VC}/topics/nope/metadata")
+        assert_problem(missing, 404, "topic_not_found")
+        assert missing.headers["content-type"].startswith("application/problem+json")
+
+
+async def test_concurrent_misses_share_batched_queries(service: Service, bootstrap: str) -> None:
+    """Misses queue behind the batch in flight and go together in the next query; misses of one
+    topic share one read; a miss never joins a batch that started before it arrived."""
+    await register(service, bootstrap)
+    for name in ("a", "b", "c"):
+        await create_topic(service, name, 1)
+    services = service.app.state.services
+    store = services.runtime.store
+    original = store.read_metadata_many
+    batches: list[list[tuple[str, str]]] = []
+    entered, release = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def recording(keys):  # type: ignore[no-untyped-def]
+        batches.append(list(keys))
+        loop.call_soon_threadsafe(entered.set)
+        asyncio.run_coroutine_threadsafe(release.wait(), loop).result(10)
+        return original(keys)
+
+    services.runtime.cache.invalidate(None)
+    store.read_metadata_many = recording
+    try:
+        first = asyncio.create_task(services.topics.metadata_body(VC, "a"))
+        await asyncio.wait_for(entered.wait(), 10)
+        # Changed while the first batch is in flight: the later misses must see the change.
+        version = await asyncio.to_thread(store.update_topic, VC, "b", 1, config={"x": "1"})
+        await services.runtime.publish((VC, "b"), version)
+        later = [
+            asyncio.create_task(services.topics.metadata_body(VC, name))
+            for name in ("b", "c", "b", "missing")
+        ]
+        await asyncio.sleep(0)  # let them queue
+        release.set()
+        assert (await first)[0] == 1
+        b1, c, b2, missing = await asyncio.gather(*later, return_exceptions=True)
+    finally:
+        store.read_metadata_many = original
+    assert batches == [[(VC, "a")], [(VC, "b"), (VC, "c"), (VC, "missing")]]
+    assert b1 == b2 and b1[0] == 2 and b'"x":"1"' in b1[1]
+    assert c[0] == 1
+    assert isinstance(missing, Exception) and "does not exist" in str(missing)

@@ -1,0 +1,27 @@
+"""The live service, tansu and a Northguard broker: the fixtures of ``tests/clients``, imported.
+
+``tests/clients/conftest.py`` is loaded under its own name and its fixtures
+re-exported, so both folders run the same service over the same brokers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+_CLIENTS = Path(__file__).resolve().parent.parent / "clients"
+if str(_CLIENTS) not in sys.path:
+    sys.path.insert(0, str(_CLIENTS))
+
+_spec = importlib.util.spec_from_file_location("tests_clients_conftest", _CLIENTS / "conftest.py")
+assert _spec is not None and _spec.loader is not None
+_clients_conftest = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_clients_conftest)
+
+service_config = _clients_conftest.service_config
+live = _clients_conftest.live
+kafka = _clients_conftest.kafka
+northguard = _clients_conftest.northguard
+tansu_deviations = _clients_conftest.tansu_deviations
+xfail_on = _clients_conftest.xfail_on

@@ -1,0 +1,104 @@
+"""The coordinator with many ranges: batched journal writes, a restart without per-segment work,
+snapshots built off the event loop, and a bound on the sealed segments a range keeps."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from ng_harness import in_process_broker, wait_for
+
+from backends.northguard.batch import encode_batch
+from backends.northguard.broker.server import Broker
+from backends.northguard.broker.state import State
+from xinfra.keyspace import shard_ranges
+from xinfra.model import Record
+
+RANGES = 300
+
+
+async def _write(broker: Broker, topic: str, range_id: int, value: bytes) -> int:
+    range_log = broker.coordinator.range_log(topic, range_id)
+    return await range_log.append(encode_batch([Record(value=value)], 0), 1)
+
+
+async def _write_all(broker: Broker, topic: str, value: bytes) -> None:
+    ranges = broker.coordinator.topic(topic).ranges
+    await asyncio.gather(*(_write(broker, topic, rid, value) for rid in ranges))
+
+
+async def test_first_writes_and_a_restart_batch_their_journal_writes(tmp_path: Path) -> None:
+    broker = await in_process_broker(tmp_path / "data")
+    try:
+        await broker.coordinator.create_topic("wide", shard_ranges(RANGES), {})
+        writes_before = broker.coordinator.journal_writes
+        await _write_all(broker, "wide", b"one")  # a new segment in every range
+        assert broker.coordinator.journal_writes - writes_before < RANGES / 10
+        assert broker.store.stats.create_batches < RANGES / 10  # type: ignore[attr-defined]
+    finally:
+        await broker.stop()
+    broker = await in_process_broker(tmp_path / "data")
+    try:
+        store = broker.store
+        # A clean stop left nothing to redo, and the restart sealed every active segment at once.
+        assert store.stats.recovered_frames == store.stats.adopted_frames == 0  # type: ignore[attr-defined]
+        assert store.pool.opens == 0  # type: ignore[attr-defined]
+        assert broker.coordinator.journal_writes == 1
+        segments = broker.coordinator.state.segments.values()
+        assert len(segments) == RANGES and all(s.state is State.SEALED for s in segments)
+        assert broker.coordinator.logs.keys() == set()  # range logs are built on first use
+        await _write_all(broker, "wide", b"two")
+        for rid in broker.coordinator.topic("wide").ranges:
+            range_log = broker.coordinator.range_log("wide", rid)
+            first, second = await range_log.read(0, 1 << 20), await range_log.read(1, 1 << 20)
+            assert [e.end_offset for e in first + second] == [1, 2]  # one segment each
+    finally:
+        await broker.stop()
+
+
+async def test_snapshots_are_built_off_the_loop_and_a_restart_loads_them(tmp_path: Path) -> None:
+    broker = await in_process_broker(tmp_path / "data")
+    coordinator = broker.coordinator
+    coordinator.config.snapshot_ops_max = 100
+    try:
+        await coordinator.create_topic("snap", shard_ranges(RANGES), {})
+        for round_ in range(2):
+            await _write_all(broker, "snap", b"%d" % round_)
+            for rid in coordinator.topic("snap").ranges:
+                await coordinator.logs[rid].seal_active()  # a seal op per range
+
+        async def snapshotted() -> bool:
+            return coordinator.snapshots >= 1
+
+        await wait_for(snapshotted, "a snapshot")
+        assert coordinator.snapshot_bytes > 0
+        expected = coordinator.state.to_json()
+    finally:
+        await broker.stop()
+    broker = await in_process_broker(tmp_path / "data")
+    try:
+        state = broker.coordinator.state.to_json()
+        # The restart sealed nothing (all were sealed): the same state, from snapshot + journal.
+        assert state == expected
+    finally:
+        await broker.stop()
+
+
+async def test_a_range_keeps_at_most_sealed_segments_max(tmp_path: Path) -> None:
+    broker = await in_process_broker(tmp_path / "data")
+    coordinator = broker.coordinator
+    try:
+        await coordinator.create_topic("few", shard_ranges(1), {})
+        (rid,) = coordinator.topic("few").ranges
+        for n in range(6):
+            await _write(broker, "few", rid, b"%d" % n)
+            await coordinator.logs[rid].seal_active()
+        assert len(coordinator.state.ranges[rid].segments) == 6
+        coordinator.config.sealed_segments_max = 2
+        await coordinator.maintain()
+        kept = coordinator.state.ranges[rid].segments
+        assert len(kept) == 2
+        assert coordinator.state.ranges[rid].start_offset == 4  # the oldest went first
+        assert sorted(s.segment_id for s in broker.store.segments()) == sorted(kept)
+    finally:
+        await broker.stop()

@@ -1,0 +1,148 @@
+"""The Spark source's planning rules, without Spark or services: options, admission, splitting.
+
+These are the pure parts of ``clients.spark``: what a plan covers given the
+metadata and the offsets the backends report.  The end-to-end behaviour on
+real brokers is ``test_spark_source.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from clients.spark.options import parse_options
+from clients.spark.plan import (
+    Slice,
+    admit,
+    offsets_from_json,
+    offsets_to_json,
+    readable_epochs,
+    split,
+)
+from xinfra.errors import InvalidRequest
+from xinfra.keyspace import shard_ranges
+from xinfra.model import (
+    ClusterKind,
+    Epoch,
+    EpochState,
+    PhysicalCluster,
+    Shard,
+    TopicMetadata,
+    VirtualTopic,
+)
+
+
+def topic(*epochs: Epoch) -> TopicMetadata:
+    return TopicMetadata(
+        topic=VirtualTopic(virtual_cluster="default", name="t"),
+        version=1,
+        epochs=list(epochs),
+        clusters={"k": PhysicalCluster(name="k", kind=ClusterKind.KAFKA, bootstrap="x:1")},
+    )
+
+
+def epoch(
+    number: int,
+    shards: int = 2,
+    ends: dict[int, int] | None = None,
+    state: EpochState | None = None,
+) -> Epoch:
+    """Sealed when given end offsets, active otherwise, unless ``state`` says."""
+    return Epoch(
+        number=number,
+        cluster="k",
+        physical_topic=f"p{number}",
+        shards=[Shard(index=i, key_range=r) for i, r in enumerate(shard_ranges(shards))],
+        state=state or (EpochState.SEALED if ends is not None else EpochState.ACTIVE),
+        end_offsets=ends,
+    )
+
+
+def test_readable_epochs_stop_at_the_first_epoch_without_end_offsets() -> None:
+    sealed, active = epoch(0, ends={0: 5, 1: 5}), epoch(1)
+    dual = epoch(2, state=EpochState.DUAL_WRITE)
+    assert readable_epochs(topic(sealed, active, dual)) == [sealed, active]
+    retiring = sealed.model_copy(update={"end_offsets": None})  # two-phase seal under way
+    assert readable_epochs(topic(retiring, active)) == [retiring]
+
+
+def test_admit_shares_the_limit_by_backlog_and_opens_an_epoch_only_after_the_one_before() -> None:
+    view = {"t": topic(epoch(0, ends={0: 10, 1: 30}), epoch(1))}
+    available = {("t", 0, 0): 10, ("t", 0, 1): 30, ("t", 1, 0): 50, ("t", 1, 1): 50}
+    first = {("t", 1, 0): 0, ("t", 1, 1): 0}
+    start = {("t", 0, 0): 0, ("t", 0, 1): 0}
+    step = admit(view, start, available, first, 20)
+    assert step == {("t", 0, 0): 5, ("t", 0, 1): 15}, "in proportion to backlog, epoch 1 shut"
+    assert sum(step[k] - start[k] for k in start) == 20
+    # Shard 0 of epoch 0 finishes first: shard 0 of epoch 1 opens, shard 1 still waits.
+    step = admit(view, {("t", 0, 0): 10, ("t", 0, 1): 15}, available, first, 10)
+    assert step[("t", 0, 0)] == 10 and ("t", 1, 1) not in step
+    assert step[("t", 0, 1)] + step.get(("t", 1, 0), 0) == 15 + 10
+    # Without a limit everything is admitted, through the epoch boundary.
+    assert admit(view, start, available, first, None) == available
+    # Nothing new: the same offsets (Spark then runs no batch).
+    assert admit(view, dict(available), available, {}, 7) == available
+
+
+def test_admit_makes_progress_with_a_limit_below_the_shard_count() -> None:
+    view = {"t": topic(epoch(0, shards=4))}
+    available = {("t", 0, s): 100 for s in range(4)}
+    step = admit(view, {k: 0 for k in available}, available, {}, 2)
+    assert sum(step.values()) == 2
+
+
+def test_split_honours_min_partitions_in_proportion_to_size() -> None:
+    pieces = [Slice("t", 0, 0, 0, 90, "{}", "p"), Slice("t", 0, 1, 100, 110, "{}", "p")]
+    out = split(pieces, 10)
+    assert len(out) >= 10
+    assert sum(s.size for s in out) == 100
+    assert [(s.start, s.end) for s in out if s.shard == 0] == [
+        (i, i + 10) for i in range(0, 90, 10)
+    ]
+    assert [(s.start, s.end) for s in out if s.shard == 1] == [(100, 110)]
+    assert split(pieces, 2) == pieces
+
+
+def test_offsets_round_trip_through_checkpoint_json() -> None:
+    offsets = {("a", 0, 1): 5, ("a", 1, 0): 0, ("b", 3, 2): 99}
+    body = offsets_to_json(offsets)
+    assert body == {"a": {"0": {"1": 5}, "1": {"0": 0}}, "b": {"3": {"2": 99}}}
+    assert offsets_from_json(body) == offsets
+
+
+@pytest.mark.parametrize(
+    ("raw", "streaming", "named"),
+    [
+        ({"topics": "t", "topicPattern": "t.*"}, False, "topicPattern"),
+        ({"topics": "t", "startingOffsets": "[1]"}, False, "startingOffsets"),
+        ({"topics": "t", "startingOffsets": '{"t": {"x": {"0": 1}}}'}, False, "startingOffsets"),
+        (
+            {"topics": "t", "startingOffsets": '{"t": {"0": {"0": 1}, "1": {"0": 2}}}'},
+            False,
+            "startingOffsets",
+        ),
+        (
+            {"topics": "t", "startingOffsets": "earliest", "startingTimestamp": "1"},
+            False,
+            "startingTimestamp",
+        ),
+        ({"topics": "t", "endingTimestamp": "-5"}, False, "endingTimestamp"),
+        ({"topics": "t", "endingOffsets": "earliest"}, False, "endingOffsets"),
+        ({"topics": "t", "endingOffsets": '{"t": {"0": {"0": -2}}}'}, False, "endingOffsets"),
+        ({"topics": "t", "endingOffsets": "latest"}, True, "endingOffsets"),
+        ({"topics": "t", "maxRecordsPerTrigger": "x"}, True, "maxRecordsPerTrigger"),
+        ({"topics": "t", "failOnDataLoss": "maybe"}, True, "failOnDataLoss"),
+        ({"topics": "t", "maxrecordspertriger": "5"}, True, "maxRecordsPerTrigger"),
+    ],
+)
+def test_bad_options_name_themselves(raw: dict[str, str], streaming: bool, named: str) -> None:
+    with pytest.raises(InvalidRequest, match=f"'{named}'"):
+        parse_options(raw, streaming)
+
+
+def test_option_defaults_follow_the_kafka_source() -> None:
+    batch = parse_options({"TOPICS": "a, b"}, streaming=False)
+    assert batch.topics == ("a", "b")
+    assert (batch.starting.kind, batch.ending.kind) == ("earliest", "latest")
+    assert batch.fail_on_data_loss and not batch.include_headers
+    stream = parse_options({"topics": "a", "maxRecordsPerTrigger": "10"}, streaming=True)
+    assert stream.starting.kind == "latest" and stream.max_records_per_trigger == 10
