@@ -65,6 +65,7 @@ from xinfra.errors import (
     StorageError,
     TopicAlreadyExists,
     TopicNotFound,
+    Unavailable,
     XinfraError,
 )
 from xinfra.keyspace import KeyRange, check_covering
@@ -206,7 +207,7 @@ class Coordinator:
         """
         pending = _PendingOp(op, precondition, asyncio.get_running_loop().create_future())
         self._queue_ops([pending])
-        await asyncio.shield(pending.done)  # written means applied, even if cancelled
+        await _decided(pending.done)
 
     async def _commit_many(self, ops: list[dict[str, Any]]) -> None:
         """Decide every op of ``ops`` (in one journal write when nothing else is in flight)."""
@@ -214,7 +215,7 @@ class Coordinator:
         pending = [_PendingOp(op, None, loop.create_future()) for op in ops]
         self._queue_ops(pending)
         for item in pending:
-            await asyncio.shield(item.done)
+            await _decided(item.done)
 
     def _queue_ops(self, pending: list[_PendingOp]) -> None:
         self._pending.extend(pending)
@@ -223,8 +224,21 @@ class Coordinator:
 
     async def _commit_pending(self) -> None:
         """Write every op decided so far in one journal write; repeat while more arrive."""
+        batch: list[_PendingOp] = []
+        try:
+            await self._commit_batches(batch)
+        finally:  # cancelled (the broker stops): nobody may wait for an op never decided
+            for pending in [*batch, *self._pending]:
+                if not pending.done.done():
+                    pending.done.set_exception(
+                        Unavailable(
+                            "the broker stopped; the op stands only if it reached the journal"
+                        )
+                    )
+
+    async def _commit_batches(self, batch: list[_PendingOp]) -> None:
         while self._pending:
-            batch, self._pending = self._pending, []
+            batch[:], self._pending = self._pending, []
             async with self._commit_lock:
                 accepted: list[_PendingOp] = []
                 seq = self.state.applied_seq
@@ -429,7 +443,12 @@ class Coordinator:
                 range_log.meta.state = State.SEALED  # refuse new appends at once
             for range_log in logs:
                 await range_log.stop()
-            await self._commit({"op": "delete_topic", "name": name})
+
+            def still_there() -> None:
+                if self.state.topics.get(name) is not topic:
+                    raise TopicNotFound(f"topic {name!r} does not exist on this Northguard cluster")
+
+            await self._commit({"op": "delete_topic", "name": name}, still_there)
             for rid in topic.ranges:
                 del self.logs[rid]
         for segment_id in segments:
@@ -634,6 +653,26 @@ class _PendingOp:
     op: dict[str, Any]
     precondition: Callable[[], None] | None
     done: asyncio.Future[None]
+
+
+async def _decided(done: asyncio.Future[None]) -> None:
+    """Wait until a queued op is written and applied (or refused), even if the caller is cancelled.
+
+    A request cancelled by its client must not release the locks it holds
+    (the topic lock) while its op is still queued: the next request would
+    decide against a state that this op is about to change (two deletes of
+    one topic).  The cancellation is delivered once the op is decided.
+    """
+    cancelled = False
+    while not done.done():
+        try:
+            await asyncio.wait([done])
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        done.exception()  # retrieved: the cancellation wins over the op's own error
+        raise asyncio.CancelledError
+    done.result()
 
 
 @contextlib.asynccontextmanager

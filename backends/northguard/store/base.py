@@ -29,6 +29,8 @@ import abc
 import enum
 from dataclasses import dataclass
 
+from xinfra.errors import NotFound, StorageError
+
 
 class SegmentState(enum.StrEnum):
     ACTIVE = "active"
@@ -97,6 +99,19 @@ class SegmentStore(abc.ABC):
     async def seal(self, segment_id: str, end_offset: int | None = None) -> SegmentInfo:
         """Seal durably, first truncating to ``end_offset`` when given (never past the log end)."""
 
+    async def seal_many(self, segment_ids: list[str]) -> dict[str, SegmentInfo]:
+        """Seal each segment at its durable end; a store may make them durable together.
+
+        Segments this store does not hold are left out of the result.
+        """
+        sealed: dict[str, SegmentInfo] = {}
+        for segment_id in segment_ids:
+            try:
+                sealed[segment_id] = await self.seal(segment_id)
+            except NotFound:
+                continue
+        return sealed
+
     @abc.abstractmethod
     async def delete_segment(self, segment_id: str) -> None:
         """Remove the segment and its data (retention).  Idempotent."""
@@ -107,3 +122,17 @@ class SegmentStore(abc.ABC):
 
     @abc.abstractmethod
     def segments(self) -> list[SegmentInfo]: ...
+
+    @property
+    def failure(self) -> StorageError | None:
+        """The disk error that stopped every write (fail-stop), or None while writes are accepted."""
+        return None
+
+    async def reopen(self) -> None:
+        """Leave fail-stop without a restart: release every file and recover as ``open`` does.
+
+        Raises ``StorageError`` (and stays failed) while the disk still fails,
+        e.g. before space is freed.  A store that cannot recover in place keeps its failure.
+        """
+        if self.failure is not None:
+            raise self.failure

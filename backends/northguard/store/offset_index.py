@@ -1,6 +1,6 @@
 """The sparse offset index: where in a segment file an offset's entry starts, and each segment's durable end.
 
-Two kinds of record per segment:
+Three kinds of record per segment:
 
 * **points** ``(segment_id, base_offset) -> position``: one every
   ``index_interval_bytes`` of segment file, so a read seeks to the floor
@@ -8,6 +8,10 @@ Two kinds of record per segment:
 * the **end** ``segment_id -> (position, end_offset)``: the logical end of the
   segment file after the last flush whose fsync succeeded.  Recovery trusts
   the file up to this end and rebuilds the rest from the write-ahead log.
+* the **meta** ``segment_id -> bytes``: the segment's own metadata (start
+  offset, creation time, seal; ``segment_meta``), so creating or sealing
+  thousands of segments is one batch and one sync, and a restart reads them
+  all in one scan instead of opening a file per segment.
 
 Writes are not synced one by one (RocksDB's own log reaches the OS at each
 write, so a killed process loses nothing); ``sync()`` makes them durable
@@ -50,6 +54,18 @@ class OffsetIndex(abc.ABC):
     @abc.abstractmethod
     def write(self, points: list[IndexPoint], ends: dict[str, SegmentEnd]) -> None:
         """Add points and replace ends, atomically."""
+
+    @abc.abstractmethod
+    def put_metas(self, metas: dict[str, bytes]) -> None:
+        """Write segment metadata documents, atomically."""
+
+    @abc.abstractmethod
+    def metas(self) -> dict[str, bytes]:
+        """Every segment's metadata document (one scan)."""
+
+    @abc.abstractmethod
+    def ends(self) -> dict[str, SegmentEnd]:
+        """Every recorded end (one scan)."""
 
     @abc.abstractmethod
     def floor(self, segment_id: str, offset: int) -> IndexPoint | None:
@@ -95,6 +111,7 @@ class RocksOffsetIndex(OffsetIndex):
         options.create_if_missing(True)
         options.set_keep_log_file_num(4)  # RocksDB's info logs: bounded, 4 x 1 MiB
         options.set_max_log_file_size(1 << 20)
+        options.set_max_open_files(64)  # its tables' descriptors: bounded, like the segment files
         self._db: Rdict | None = Rdict(str(path), options)
 
     @property
@@ -112,6 +129,33 @@ class RocksOffsetIndex(OffsetIndex):
         for segment_id, end in ends.items():
             batch.put(b"e" + _check_id(segment_id), _END.pack(end.position, end.end_offset))
         self.db.write(batch)
+
+    def put_metas(self, metas: dict[str, bytes]) -> None:
+        batch = WriteBatch(raw_mode=True)
+        for segment_id, document in metas.items():
+            batch.put(b"m" + _check_id(segment_id), document)
+        self.db.write(batch)
+
+    def _scan(self, prefix: bytes) -> dict[str, bytes]:
+        found: dict[str, bytes] = {}
+        iterator = self.db.iter()
+        iterator.seek(prefix)
+        while iterator.valid():
+            key = iterator.key()
+            assert isinstance(key, bytes)
+            if not key.startswith(prefix):
+                break
+            value = iterator.value()
+            assert isinstance(value, bytes)
+            found[key[len(prefix) :].decode()] = value
+            iterator.next()
+        return found
+
+    def metas(self) -> dict[str, bytes]:
+        return self._scan(b"m")
+
+    def ends(self) -> dict[str, SegmentEnd]:
+        return {sid: SegmentEnd(*_END.unpack(value)) for sid, value in self._scan(b"e").items()}
 
     def floor(self, segment_id: str, offset: int) -> IndexPoint | None:
         sid = _check_id(segment_id)
@@ -150,6 +194,7 @@ class RocksOffsetIndex(OffsetIndex):
         batch = WriteBatch(raw_mode=True)
         batch.delete_range(b"p" + sid + b"\x00", b"p" + sid + b"\x01")
         batch.delete(b"e" + sid)
+        batch.delete(b"m" + sid)
         self.db.write(batch)
 
     def segment_ids(self) -> list[str]:
@@ -169,9 +214,9 @@ class RocksOffsetIndex(OffsetIndex):
         self.db.flush_wal(True)
 
     def close(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
+        db, self._db = self._db, None
+        if db is not None:
+            db.close()  # may raise (its flush on a full disk); the handle is dropped either way
 
 
 @dataclass
@@ -186,6 +231,16 @@ class MemoryOffsetIndex(OffsetIndex):
 
     def __init__(self) -> None:
         self._segments: dict[str, _MemorySegment] = {}
+        self._metas: dict[str, bytes] = {}
+
+    def put_metas(self, metas: dict[str, bytes]) -> None:
+        self._metas.update(metas)
+
+    def metas(self) -> dict[str, bytes]:
+        return dict(self._metas)
+
+    def ends(self) -> dict[str, SegmentEnd]:
+        return {sid: s.end for sid, s in self._segments.items() if s.end is not None}
 
     def write(self, points: list[IndexPoint], ends: dict[str, SegmentEnd]) -> None:
         for point in points:
@@ -221,6 +276,7 @@ class MemoryOffsetIndex(OffsetIndex):
 
     def delete_segment(self, segment_id: str) -> None:
         self._segments.pop(segment_id, None)
+        self._metas.pop(segment_id, None)
 
     def segment_ids(self) -> list[str]:
         return [sid for sid, segment in self._segments.items() if segment.end is not None]

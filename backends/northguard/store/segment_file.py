@@ -25,6 +25,12 @@ Where O_DIRECT is refused, at open (tmpfs on older kernels, some network
 filesystems) or by ``EINVAL`` on the first aligned write (a device with a
 larger logical block), the file falls back to buffered writes on the read
 handle and says so in ``direct``; nothing else changes.
+
+Descriptors come from a ``FilePool``: the file opens its handles when an
+operation needs them and the pool closes them when the file has been idle
+longest, so a broker with tens of thousands of segments holds a bounded
+number open.  The tail is reloaded from disk at each open (the bytes before
+``length`` are on disk or in the page cache: a close loses nothing).
 """
 
 from __future__ import annotations
@@ -32,9 +38,11 @@ from __future__ import annotations
 import errno
 import logging
 import mmap
+import traceback
 from pathlib import Path
 
 from backends.northguard.runtime import Disk, File
+from backends.northguard.store.file_pool import FilePool
 
 BLOCK_BYTES = 4096
 log = logging.getLogger(__name__)
@@ -45,78 +53,173 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 class SegmentFile:
-    """Not thread-safe for writes: the store's flush lock serialises ``append``, ``truncate``, ``fsync``."""
+    """Not thread-safe for writes: the store's flush lock serialises ``append``, ``truncate``, ``fsync``.
 
-    def __init__(self, disk: Disk, path: Path, *, direct: bool) -> None:
-        self.path = path
-        self._reader: File = disk.open(path)
-        self._writer: File | None = None
+    ``length`` is the logical end the store knows to be good (from its index at
+    recovery); the file is opened lazily, through ``pool``.
+    """
+
+    def __init__(
+        self,
+        disk: Disk,
+        path: Path | tuple[Path, str],
+        *,
+        direct: bool,
+        pool: FilePool | None = None,
+        length: int = 0,
+    ) -> None:
+        """``path`` may be ``(directory, name)``: joined on first use (a restart makes thousands)."""
+        self._path = path
         self._disk = disk
-        if direct:
-            writer = disk.open(path, direct=True)
-            if getattr(writer, "direct", False):  # File reports whether O_DIRECT was granted
-                self._writer = writer
-            else:
-                writer.close()
-        self.length = 0  # logical end; every byte before it is a frame
+        self._pool = pool or FilePool(1 << 20)
+        self._want_direct = direct
+        self._reader: File | None = None
+        self._writer: File | None = None
+        self.pins = 0  # uses in progress (the pool never closes a pinned file)
+        self.length = length  # logical end; every byte before it is a frame
         self._tail = b""  # bytes [length - length % BLOCK, length), only with direct I/O
 
     @property
+    def path(self) -> Path:
+        if isinstance(self._path, tuple):
+            directory, name = self._path
+            self._path = directory / name
+        return self._path
+
+    # -- the pool's side -------------------------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        return self._reader is not None
+
+    def open_handles(self) -> int:
+        """Open the buffered reader and, where granted, the direct writer; load the tail."""
+        reader = self._disk.open(self.path)
+        opened = 1
+        writer: File | None = None
+        try:
+            if self._want_direct:
+                writer = self._disk.open(self.path, direct=True)
+                if getattr(writer, "direct", False):  # File reports whether O_DIRECT was granted
+                    opened = 2
+                else:
+                    writer.close()
+                    writer = None
+                    self._want_direct = False  # refused here: never ask again for this file
+            size = reader.size()
+            if size < self.length:
+                log.error(
+                    "segment file %s holds %d bytes but %d were recorded as durable: the tail is "
+                    "lost and reads of it will raise CorruptData",
+                    self.path, size, self.length,
+                )  # fmt: skip
+                reader.truncate(self.length)
+            self._reader, self._writer = reader, writer
+            self._load_tail()
+        except BaseException:
+            self._reader = self._writer = None
+            if writer is not None:
+                writer.close()
+            reader.close()
+            raise
+        return opened
+
+    def close_handles(self) -> int:
+        """Close every handle (errors only logged: the pool closes idle files); return how many."""
+        closed = 0
+        for handle in (self._writer, self._reader):
+            if handle is None:
+                continue
+            closed += 1
+            try:
+                handle.close()
+            except OSError as error:
+                log.warning("closing %s: %s", self.path, error)
+        self._reader = self._writer = None
+        return closed
+
+    def _handles(self) -> tuple[File, File | None]:
+        assert self._reader is not None, "segment file used outside its pool"
+        return self._reader, self._writer
+
+    # -- operations --------------------------------------------------------------------------------
+
+    @property
     def direct(self) -> bool:
-        return self._writer is not None
+        """Whether appends use O_DIRECT (opens the file to find out when never opened)."""
+        if self._want_direct and not self.is_open:
+            with self._pool.use(self):
+                pass
+        return self._want_direct and (self._writer is not None or not self.is_open)
 
     def recover(self, length: int) -> int:
         """Cut the file to the logical ``length`` recorded as durable; return its size before."""
-        size_before = self._reader.size()
-        self._reader.truncate(length)
-        self.length = length
-        self._load_tail()
+        with self._pool.use(self):
+            reader, _ = self._handles()
+            size_before = reader.size()
+            reader.truncate(length)
+            self.length = length
+            self._load_tail()
         return size_before
 
     def truncate(self, length: int) -> None:
         assert 0 <= length <= self.length, (length, self.length)
-        self._reader.truncate(length)
-        self.length = length
-        self._load_tail()
+        with self._pool.use(self):
+            reader, _ = self._handles()
+            reader.truncate(length)
+            self.length = length
+            self._load_tail()
 
     def _load_tail(self) -> None:
-        if self._writer is None:
+        reader, writer = self._handles()
+        if writer is None:
             self._tail = b""
             return
         block_start = self.length - self.length % BLOCK_BYTES
-        self._tail = self._reader.pread(self.length - block_start, block_start)
+        self._tail = reader.pread(self.length - block_start, block_start)
         if len(self._tail) != self.length - block_start:
             raise OSError(errno.EIO, f"{self.path}: short read of the last block")
 
     def append(self, data: bytes) -> int:
         """Write ``data`` at the logical end (not durable until ``fsync``); return where it starts."""
         position = self.length
-        if self._writer is not None:
-            try:
-                self._append_direct(data)
-            except OSError as error:
-                if error.errno != errno.EINVAL:
-                    raise
-                log.warning("%s: O_DIRECT write refused (%s); using buffered I/O", self.path, error)
-                self._writer.close()
-                self._writer = None
-                self._tail = b""
-                self._reader.pwrite(data, position)
-        else:
-            self._reader.pwrite(data, position)
+        with self._pool.use(self):
+            reader, writer = self._handles()
+            if writer is not None:
+                try:
+                    self._append_direct(writer, data)
+                except OSError as error:
+                    if error.errno != errno.EINVAL:
+                        raise
+                    log.warning(
+                        "%s: O_DIRECT write refused (%s); using buffered I/O", self.path, error
+                    )
+                    writer.close()
+                    self._writer = None
+                    self._want_direct = False
+                    self._pool.descriptors_released(1)
+                    self._tail = b""
+                    reader.pwrite(data, position)
+            else:
+                reader.pwrite(data, position)
         self.length = position + len(data)
         return position
 
-    def _append_direct(self, data: bytes) -> None:
-        assert self._writer is not None
+    def _append_direct(self, writer: File, data: bytes) -> None:
         block_start = self.length - len(self._tail)
         payload_bytes = len(self._tail) + len(data)
         buffer = mmap.mmap(-1, _round_up(payload_bytes, BLOCK_BYTES))  # page-aligned, zero-filled
         try:
             buffer[: len(self._tail)] = self._tail
             buffer[len(self._tail) : payload_bytes] = data
-            with memoryview(buffer) as view:
-                self._writer.pwrite(view, block_start)
+            try:
+                with memoryview(buffer) as view:
+                    writer.pwrite(view, block_start)
+            except OSError as error:
+                # The traceback's frames hold views of ``buffer``: drop their locals, or closing
+                # it raises BufferError over this error (and the EINVAL fallback never runs).
+                traceback.clear_frames(error.__traceback__)
+                raise
             new_tail_start = payload_bytes - payload_bytes % BLOCK_BYTES
             self._tail = buffer[new_tail_start:payload_bytes]
         finally:
@@ -124,16 +227,20 @@ class SegmentFile:
 
     def read(self, position: int, size: int) -> bytes:
         """Up to ``size`` bytes at ``position``, never past the logical end the caller passes in."""
-        return self._reader.pread(size, position)
+        with self._pool.use(self):
+            reader, _ = self._handles()
+            return reader.pread(size, position)
 
     def fsync(self) -> None:
-        (self._writer or self._reader).fsync()
+        """Make every byte written so far durable (through a fresh descriptor if it was closed)."""
+        with self._pool.use(self):
+            reader, writer = self._handles()
+            (writer or reader).fsync()
 
     def physical_size(self) -> int:
-        return self._reader.size()
+        with self._pool.use(self):
+            reader, _ = self._handles()
+            return reader.size()
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        self._reader.close()
+        self._pool.forget(self)

@@ -2,10 +2,12 @@
 
 Files are ``<data_dir>/wal/<sequence>.wal``, appended with buffered I/O and
 rolled when the next group would take the current one past
-``file_bytes_max``.  A file is **retired** when a newer one exists: every
-flush applies all it wrote to the segment files and the offset index before
-it ends, so a retired file holds nothing recovery needs once the index is
-synced, and it is removed then (``remove_retired``).
+``file_bytes_max``.  A file is **retired** when a newer one exists.  A flush
+writes its frames to the segment files but does not fsync them (the WAL's
+fsync is what acknowledges); a **checkpoint** of the store rolls the WAL,
+fsyncs the segment files written since the last one and records their ends
+in the offset index, and only then removes the files it retired: until then
+they are what recovery replays.
 
 Replay distinguishes a **torn tail** (the last frame of the last flush cut by
 a crash; that flush was never acknowledged, so it is dropped quietly) from
@@ -152,6 +154,20 @@ class WriteAheadLog:
 
     def has_retired(self) -> bool:
         return bool(self._retired)
+
+    def take_retired(self) -> list[Path]:
+        """The retired files, handed to a checkpoint that removes them once the segments are synced."""
+        retired, self._retired = self._retired, []
+        return retired
+
+    def remove(self, paths: list[Path]) -> None:
+        for path in paths:
+            self._disk.remove(path)
+
+    @property
+    def position(self) -> int:
+        """Bytes in the current file."""
+        return self._position
 
     def remove_retired(self) -> None:
         """Call only once the offset index is synced: the retired files are then redundant."""

@@ -2,13 +2,15 @@
 
 ``FaultyRuntime`` is ``RealRuntime`` with a disk that wraps ``OsDisk`` and,
 when told to, raises from ``fsync``/``pwrite``/``truncate`` of chosen files,
-refuses O_DIRECT, or grants it and then rejects direct writes with
-``EINVAL``.  Nothing is mocked: every byte goes to a real file.
+holds their ``fsync`` as a hung device would (``stall_fsync``), refuses
+O_DIRECT, or grants it and then rejects direct writes with ``EINVAL``.
+Nothing is mocked: every byte goes to a real file.
 """
 
 from __future__ import annotations
 
 import errno
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -29,7 +31,10 @@ class FaultyFile(File):
 
     def pwrite(self, data: bytes | memoryview, offset: int) -> None:
         if self.direct and self.disk.einval_direct_writes:
-            raise OSError(errno.EINVAL, "injected: O_DIRECT write rejected")
+            # Hold a view of the caller's buffer while raising, as ``_OsFile.pwrite`` does when
+            # the kernel refuses the write: the traceback then keeps the buffer exported.
+            view = memoryview(data)
+            raise OSError(errno.EINVAL, f"injected: O_DIRECT write of {len(view)} bytes rejected")
         if self._injected("pwrite"):
             raise OSError(errno.EIO, f"injected pwrite error on {self.path.name}")
         self.inner.pwrite(data, offset)
@@ -38,6 +43,9 @@ class FaultyFile(File):
         return self.inner.pread(size, offset)
 
     def fsync(self) -> None:
+        if self._injected("stall_fsync"):  # a hung device: blocks until ``unstall`` (30 s at most)
+            self.disk.stalled.set()
+            self.disk.unstall.wait(30)
         if self._injected("fsync"):
             self.disk.fsync_failures += 1
             raise OSError(errno.EIO, f"injected fsync error on {self.path.name}")
@@ -62,8 +70,12 @@ class FaultyDisk(Disk):
         self.refuse_direct = False
         self.einval_direct_writes = False
         self.fsync_failures = 0
+        self.stalled = threading.Event()  # set by an fsync that "stall_fsync" holds
+        self.unstall = threading.Event()
 
     def open(self, path: Path, *, create: bool = True, direct: bool = False) -> File:
+        if any(path.name.endswith(suffix) for suffix in self.faults.get("open", ())):
+            raise OSError(errno.EMFILE, "Too many open files (injected)")
         inner = self.inner.open(path, create=create, direct=direct and not self.refuse_direct)
         return FaultyFile(inner, self, path)
 

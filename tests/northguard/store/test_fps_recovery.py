@@ -136,23 +136,46 @@ async def test_wal_frames_missing_from_the_segment_are_reapplied(
     assert await store.read("s1", 0, 1 << 20) == expected
 
 
-async def test_an_unacknowledged_flush_may_reappear_after_restart(
-    tmp_path: Path, open_fps: StoreFactory
-) -> None:
+async def test_an_unacknowledged_flush_may_reappear_after_restart(open_fps: StoreFactory) -> None:
     runtime = FaultyRuntime()
     store = await open_fps(runtime)
     await store.create_segment("s1", 0)
     acked = await fill(store, "s1", 0, 2)
-    runtime.faulty_disk.faults["pwrite"] = (
-        ".seg",
-    )  # the WAL is written and fsynced, the segment is not
+    assert await store.checkpoint()  # nothing left for the background to write or sync
+    runtime.faulty_disk.faults["fsync"] = (".wal",)  # the WAL is written, its fsync fails
     with pytest.raises(StorageError):
-        await store.append("s1", 20, 10, b"in the WAL only")
+        await store.append("s1", 20, 10, b"written, never acknowledged")
     await store.crash()
     store = await open_fps()
     entries = await store.read("s1", 0, 1 << 20)
     assert entries[:2] == acked
-    assert entries[2:] == [Entry(20, 10, b"in the WAL only")]  # at-least-once, never torn
+    assert entries[2:] == [Entry(20, 10, b"written, never acknowledged")]  # at-least-once, whole
+
+
+async def test_an_append_whose_segment_write_fails_is_acknowledged_and_replayed_from_the_wal(
+    open_fps: StoreFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The WAL's fsync acknowledges; the segment file is written after it, and a failure there is
+    fail-stop but loses nothing: recovery replays the WAL into the segment file."""
+    runtime = FaultyRuntime()
+    store = await open_fps(runtime, checkpoint_ms=60_000.0)
+    await store.create_segment("s1", 0)
+    acked = await fill(store, "s1", 0, 2)
+    assert await store.checkpoint()
+    runtime.faulty_disk.faults["pwrite"] = (".seg",)
+    entry = await store.append("s1", 20, 10, b"in the WAL only")
+    assert entry == Entry(20, 10, b"in the WAL only")
+    with caplog.at_level(logging.ERROR), pytest.raises(StorageError):
+        await store.checkpoint()  # its writer pass fails on the segment file
+    assert store.failed and "writing segment files" in caplog.text
+    await store.crash()
+    store = await open_fps()
+    assert store.stats.recovered_frames == 1
+    assert await store.read("s1", 0, 1 << 20) == [*acked, entry]
+    await store.crash()
+    store = await open_fps()  # replayed into the segment file and synced: the WAL is gone
+    assert store.stats.recovered_frames == 0
+    assert await store.read("s1", 0, 1 << 20) == [*acked, entry]
 
 
 async def test_a_flipped_byte_in_a_segment_file_is_reported_and_never_served(
