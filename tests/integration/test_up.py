@@ -9,6 +9,7 @@ whatever it supervises, and these two start in about a second).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import pty
@@ -31,6 +32,10 @@ from xinfra.services.ports import free_port, port_open
 
 FAST = ["--only", "kafka,northguard"]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def _closed(host: str, port: int) -> bool:
+    return not port_open(host, port)
 
 
 def _listeners(port: int) -> str:
@@ -164,9 +169,8 @@ class Stack:
             self.env["XINFRA_NORTHGUARD_BOOTSTRAP"],
         ):
             host, _, port = address.rpartition(":")
-            assert _wait(lambda: not port_open(host, int(port)), 10), (
-                f"{address} still answers: {_listeners(int(port))}"
-            )
+            closed = functools.partial(_closed, host, int(port))
+            assert _wait(closed, 10), f"{address} still answers: {_listeners(int(port))}"
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
