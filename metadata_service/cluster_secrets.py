@@ -5,7 +5,8 @@ A physical cluster's ``attributes`` hold what a client needs to reach it
 on a secured Kafka cluster, what only the service may know (``sasl.password``,
 ``ssl.key.password``...).  A key is a secret when its name says so
 (``SECRET_KEY``: password, secret, token, credential, private, a trailing
-``key``, jaas); everything else is public.
+``key``, a private key in PEM (``ssl.key.pem``), a keytab, an OAUTHBEARER
+config, jaas); everything else is public, certificates included.
 
 - Clients (a non-admin token, and every topic-metadata response) see the public
   attributes only: a secret key is left out, not blanked, so a client never
@@ -30,7 +31,8 @@ from xinfra.errors import BackendUnavailable
 from xinfra.model import PhysicalCluster
 
 SECRET_KEY = re.compile(
-    r"(password|passwd|secret|token|credential|private|jaas|(^|[._-])key$|api[._-]?key)",
+    r"(password|passwd|secret|token|credential|private|jaas|keytab|oauthbearer[._-]config"
+    r"|(^|[._-])key$|(^|[._-])key[._-]pem$|api[._-]?key)",
     re.IGNORECASE,
 )
 REDACTED = "<redacted>"

@@ -347,6 +347,9 @@ class GroupCoordinator:
         live = await self.live(vc, group, create=True)
         async with live.lock:
             if live.version < 0 and group not in await self.checkpoints.list_groups(vc):
+                # nothing to delete: give up the claim this request made (forget_unknown)
+                self._groups.pop((vc, group), None)
+                await self.directory.delete((vc, group), -1)
                 raise GroupNotFound(f"consumer group {group!r} does not exist in {vc!r}")
             if live.state.members and not force:
                 raise Conflict(
@@ -356,6 +359,20 @@ class GroupCoordinator:
             await self.directory.delete((vc, group), live.version)
             self._groups.pop((vc, group), None)
             await self.checkpoints.delete_group(vc, group)
+
+    async def forget_unknown(self, vc: str, group: str, live: LiveGroup) -> None:
+        """Give up a group claimed only to be looked at, that turned out not to exist.
+
+        A describe of an unknown name must not leave a claim, a znode and a
+        ``LiveGroup`` behind: probing names would grow all three, and the name
+        would then be listed as a group.
+        """
+        async with live.lock:
+            if live.version >= 0 or live.state.members:
+                return  # it came to life meanwhile (a member joined)
+            if self._groups.get((vc, group)) is live:
+                del self._groups[(vc, group)]
+                await self.directory.delete((vc, group), -1)
 
     async def require_idle(self, vc: str, group: str, force: bool) -> None:
         """Refuse a reset while the group has members (unless ``force``)."""

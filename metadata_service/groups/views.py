@@ -76,6 +76,7 @@ class GroupViews:
         live = await self.coordinator.live(vc, group, create=True)
         values = await self.checkpoints.read_group(vc, group)
         if not values and live.version < 0:
+            await self.coordinator.forget_unknown(vc, group, live)
             raise GroupNotFound(f"consumer group {group!r} does not exist in {vc!r}")
         return Checkpoints(
             virtual_cluster=vc,
@@ -91,6 +92,7 @@ class GroupViews:
         state = live.state
         values = await self.checkpoints.read_group(vc, group)
         if not values and live.version < 0:
+            await self.coordinator.forget_unknown(vc, group, live)
             raise GroupNotFound(f"consumer group {group!r} does not exist in {vc!r}")
         committed = latest(values)
         owners = {u: m.member_id for m in state.members.values() for u in m.assigned}

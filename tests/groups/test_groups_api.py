@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 from conftest import create_topic, register_kafka
 from groups_harness import HEADERS, VC, ThreadService
+from kazoo.client import KazooClient
 
 from metadata_service import ServiceConfig
 
@@ -106,7 +107,9 @@ def test_join_rebalance_unaffected_member_never_revokes(service: ThreadService, 
     assert len(d.owned) == 2
 
 
-def test_fenced_and_unknown_members_and_bad_commits(service: ThreadService, kafka: str) -> None:
+def test_fenced_and_unknown_members_and_bad_commits(
+    service: ThreadService, kafka: str, zookeeper: str, zk_root: str
+) -> None:
     topic = topic_name()
     create_topic(service.url, topic, shards=2)
     group = f"g-{uuid.uuid4().hex[:8]}"
@@ -128,9 +131,21 @@ def test_fenced_and_unknown_members_and_bad_commits(service: ThreadService, kafk
     assert_problem(new.commit([{**position, "epoch": 7}]), 400, "invalid_request")
     # Unknown group, unknown topic, malformed body.
     http = new.http
-    assert_problem(
-        http.get(f"/v1/vclusters/{VC}/groups/nope-{uuid.uuid4().hex[:6]}"), 404, "group_not_found"
-    )
+    probed = [f"nope-{uuid.uuid4().hex[:6]}" for _ in range(3)]
+    for name in probed:
+        assert_problem(http.get(f"/v1/vclusters/{VC}/groups/{name}"), 404, "group_not_found")
+        assert_problem(
+            http.get(f"/v1/vclusters/{VC}/groups/{name}/checkpoints"), 404, "group_not_found"
+        )
+        assert_problem(http.delete(f"/v1/vclusters/{VC}/groups/{name}"), 404, "group_not_found")
+    zk = KazooClient(hosts=zookeeper)
+    zk.start(timeout=10)
+    try:  # a probe leaves no claim behind: no znode, so names cannot be grown by probing
+        assert zk.exists(f"{zk_root}/groups/{VC}/{group}")
+        assert not [n for n in probed if zk.exists(f"{zk_root}/groups/{VC}/{n}")]
+    finally:
+        zk.stop()
+        zk.close()
     response = http.post(
         f"/v1/vclusters/{VC}/groups/{group}/heartbeat",
         json={"member_id": "x", "member_epoch": 0, "topics": ["no-such-topic"]},

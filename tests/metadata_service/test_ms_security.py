@@ -143,8 +143,19 @@ SECRETS = {
     "sasl.password": "hunter2-b",
     "ssl.key.password": "env:XINFRA_TEST_KEY_PASSWORD",
     "api_key": "hunter2-c",
+    "ssl.key.pem": "hunter2-e",  # librdkafka's inline private key
+    "ssl.keystore.password": "hunter2-f",
+    "sasl.kerberos.keytab": "hunter2-g",
+    "sasl.oauthbearer.config": "hunter2-h",
+    "sasl.oauthbearer.client.secret": "hunter2-i",
 }
-PUBLIC = {"request_timeout_s": "5", "security.protocol": "SASL_SSL", "sasl.username": "svc"}
+PUBLIC = {
+    "request_timeout_s": "5",
+    "security.protocol": "SASL_SSL",
+    "sasl.username": "svc",
+    "ssl.ca.pem": "a public certificate",
+    "ssl.certificate.pem": "a public certificate",
+}
 
 
 async def test_cluster_secrets_never_reach_clients(
