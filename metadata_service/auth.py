@@ -110,8 +110,9 @@ class TokenService:
         unknown tokens."""
         if not authorization:
             raise Unauthenticated(
-                "missing bearer token: send 'Authorization: Bearer <token>' "
-                "(the embedded service writes its admin token to <run_dir>/admin-token)"
+                "missing bearer token: set XINFRA_TOKEN (or pass --token) for the xinfra CLI "
+                "and the SDK, or send 'Authorization: Bearer <token>'; `xinfra up` writes its "
+                "admin token to .xinfra/admin-token"
             )
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():

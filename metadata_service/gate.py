@@ -1,7 +1,9 @@
 """The service's front door: no body is read and no database is asked for a caller without a token.
 
 ``RequestGate`` is the ASGI layer under the fast path: every ``/v1`` request is
-authenticated from its headers alone, before a byte of its body is read; a
+authenticated from its headers alone, before a byte of its body is read (and
+outside ``/v1``, where every route is a read, a request with a body is refused
+unread); a
 refused one is answered at once and its connection closed, so a client
 without a token can neither make the service buffer a body nor keep a
 connection busy.  An accepted request's body is bounded while it streams:
@@ -20,7 +22,7 @@ from collections import OrderedDict
 from typing import Any
 
 from metadata_service.auth import TokenService
-from metadata_service.problems import PROBLEM_MEDIA_TYPE, error_response
+from metadata_service.problems import PROBLEM_MEDIA_TYPE, error_response, problem
 from xinfra.errors import XinfraError
 
 PRINCIPAL_SCOPE_KEY = "xinfra.principal"
@@ -126,6 +128,19 @@ class RequestGate:
                 await _send_closing(error_response(error, path), scope, receive, send)
                 return
             scope[PRINCIPAL_SCOPE_KEY] = principal
+        elif scope["method"] not in _BODYLESS:
+            # Outside /v1 every route is a read (health, metrics, docs): a body there is never
+            # read, so nobody can make the service buffer one without a token.
+            refused = problem(
+                405,
+                "method_not_allowed",
+                "Method not allowed",
+                f"{scope['method']} {path}: only /v1 takes a request body",
+                path,
+                {"allow": "GET, HEAD"},
+            )
+            await _send_closing(refused, scope, receive, send)
+            return
         if scope["method"] in _BODYLESS:
             await self.app(scope, receive, send)
             return

@@ -75,7 +75,9 @@ def error_response(error: XinfraError, instance: str | None = None) -> JSONRespo
 def _describe_validation(error: RequestValidationError) -> str:
     parts = []
     for item in error.errors()[:10]:
-        where = ".".join(str(p) for p in item.get("loc", ()))
+        loc = tuple(item.get("loc", ()))
+        # "body.shards" says where FastAPI looked; the caller named the field "shards"
+        where = ".".join(str(p) for p in (loc[1:] if loc[:1] == ("body",) else loc)) or "body"
         parts.append(f"{where}: {item.get('msg', 'invalid')}")
     return "; ".join(parts) or "the request does not match the API schema"
 

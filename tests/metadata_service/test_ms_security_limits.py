@@ -114,6 +114,13 @@ def test_unauthenticated_body_is_refused_before_it_is_read(limited: ServiceConfi
             response = read_response(sock)
             assert response.startswith(b"HTTP/1.1 401"), response[:200]
             assert b"connection: close" in response.lower()
+        for path in ("/health", "/metrics", "/", "/docs"):
+            # Outside /v1 no route takes a body: refused unread, without a token to check.
+            sock = connect(address, stack)
+            sock.sendall(chunked_head(path, "") + chunk(b"{" * 1000))
+            response = read_response(sock)
+            assert response.startswith(b"HTTP/1.1 405"), (path, response[:200])
+            assert b"connection: close" in response.lower()
 
 
 @pytest.mark.parametrize("http", ["h11", "httptools"])
