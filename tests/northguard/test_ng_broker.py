@@ -17,7 +17,7 @@ from backends.northguard.protocol import MsgType
 from backends.northguard.runtime import RealRuntime
 from backends.northguard.store import FpsStore
 from xinfra.backend import ProducerOptions
-from xinfra.errors import InvalidRequest, OffsetOutOfRange, Sealed, XinfraError
+from xinfra.errors import InvalidRequest, OffsetOutOfRange, Sealed, TopicNotFound, XinfraError
 from xinfra.keyspace import shard_ranges
 from xinfra.model import Record
 
@@ -256,4 +256,25 @@ async def test_the_metadata_journal_compacts_into_a_snapshot(
     assert sorted(await admin.list_topics()) == sorted(f"t{i}" for i in range(12) if i != 3)
     assert len((await admin.topic("t11")).ranges) == 3
     await admin.close()
+    await broker.stop()
+
+
+async def test_a_cancelled_delete_holds_the_topic_until_its_op_is_decided(tmp_path: Path) -> None:
+    """A client that drops its connection mid-delete cancels the handler while the op waits for
+    the journal; a second delete must not decide against the state before that op applies."""
+    broker = await in_process_broker(tmp_path)
+    coordinator = broker.coordinator
+    await coordinator.create_topic("t", shard_ranges(2), {})
+    first = asyncio.create_task(coordinator.delete_topic("t"))
+    while not any(p.op["op"] == "delete_topic" for p in coordinator._pending):
+        await asyncio.sleep(0)  # until the op is queued, before the journal has it
+    first.cancel()
+    second = asyncio.create_task(coordinator.delete_topic("t"))
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    with pytest.raises(TopicNotFound):
+        await second
+    assert "t" not in coordinator.list_topics()
+    await coordinator.create_topic("t", shard_ranges(1), {})  # the state machine is whole
+    assert coordinator.list_topics() == ["t"]
     await broker.stop()
