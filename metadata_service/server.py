@@ -48,7 +48,34 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-class GuardedH11Protocol(H11Protocol):
+class _HeadTimer:
+    """The request-head timer both guarded protocols share: armed when a head may begin,
+    disarmed when it ends; firing closes a connection still inside its head."""
+
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    header_timeout_s: float
+    _head_timer: asyncio.TimerHandle | None
+
+    def _in_head_now(self) -> bool:
+        raise NotImplementedError
+
+    def _arm(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if self._in_head_now() and not self.transport.is_closing():
+            self.transport.close()
+
+
+class GuardedH11Protocol(_HeadTimer, H11Protocol):
     """uvicorn's h11 protocol with a connection limit and a request-head timeout (h11 bounds
     the head's size itself: ``h11_max_incomplete_event_size``)."""
 
@@ -74,22 +101,11 @@ class GuardedH11Protocol(H11Protocol):
         self._disarm()
         super().connection_lost(exc)
 
-    def _arm(self) -> None:
-        if self._head_timer is None:
-            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)
-
-    def _disarm(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-
-    def _head_timeout(self) -> None:
-        self._head_timer = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-            self.transport.close()
+    def _in_head_now(self) -> bool:
+        return bool(self.conn.their_state is h11.IDLE)
 
 
-class GuardedHttpToolsProtocol(HttpToolsProtocol):
+class GuardedHttpToolsProtocol(_HeadTimer, HttpToolsProtocol):
     """uvicorn's httptools protocol with a connection limit, a request-head timeout and a bound
     on the head's size (httptools has none of its own)."""
 
@@ -129,19 +145,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm()
         super().connection_lost(exc)
 
-    def _arm(self) -> None:
-        if self._head_timer is None:
-            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)
-
-    def _disarm(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-
-    def _head_timeout(self) -> None:
-        self._head_timer = None
-        if self._in_head and not self.transport.is_closing():
-            self.transport.close()
+    def _in_head_now(self) -> bool:
+        return self._in_head
 
 
 def uvicorn_config(

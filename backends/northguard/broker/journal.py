@@ -49,17 +49,7 @@ class FileJournal:
         """Read the snapshot and the ops after it; cut a torn tail.  Called once, before serving."""
         disk = self._runtime.disk
         disk.makedirs(self._dir)
-        snapshot: dict[str, Any] | None = None
-        if disk.exists(self._snapshot_path):
-            file = disk.open(self._snapshot_path, create=False)
-            try:
-                data = file.pread(file.size(), 0)
-            finally:
-                file.close()
-            records, good = _parse(data)
-            if len(records) != 1 or good != len(data):
-                raise CorruptData(f"metadata snapshot {self._snapshot_path} is damaged")
-            snapshot = records[0]
+        snapshot = self.read_snapshot()
         self._file = disk.open(self._log_path)
         data = self._file.pread(self._file.size(), 0)
         ops, good = _parse(data)
@@ -69,16 +59,6 @@ class FileJournal:
         self._size = good
         self.ops_since_snapshot = len(ops)
         return snapshot, ops
-
-    async def append(self, op: dict[str, Any]) -> None:
-        """Make ``op`` durable; return only after fsync."""
-        record = _encode(op)
-        async with self._lock:
-            file = self._file
-            assert file is not None, "journal not loaded"
-            await self._runtime.run_blocking(_write_sync, file, record, self._size)
-            self._size += len(record)
-            self.ops_since_snapshot += 1
 
     async def append_many(self, ops: list[dict[str, Any]]) -> None:
         """Make every op of ``ops`` durable with one write and one fsync (a group commit)."""
