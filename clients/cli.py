@@ -1,33 +1,44 @@
 """``xinfra produce`` and ``xinfra consume``: virtual topics from the shell, like Kafka's console tools.
 
-``produce`` reads stdin: one record per line (the value; with ``--key-separator``
-the text before the first separator is the key), or with ``--json`` one JSON
-object per line ``{"key": str|null, "value": str|null, "headers": [[str, str], ...]
-(or {str: str}),
-"shard": int, "timestamp_ms": int}`` (every field optional).  ``consume``
-writes one line per record: the value (with ``--print-key``, key, separator,
-value), or with ``--json`` one object ``{"topic", "epoch", "shard", "offset",
-"timestamp_ms", "key", "value", "headers"}`` (headers a list of ``[name, value]``:
-names may repeat).  ``consume -e`` stops at the end, ``--from -N`` starts at the
-last N records of each shard (in the current epoch).  Bytes that are not UTF-8 are
-written with backslash escapes.
+``produce`` reads stdin in the format ``--input`` names: ``lines`` (the
+default), one record per line, the value (with ``--key-separator`` the text
+before the first separator is the key); or ``json``, one JSON object per line
+``{"key", "value", "headers", "shard", "timestamp_ms"}`` (every field
+optional; headers ``[[name, value], ...]`` or ``{name: value}``).  A string is
+stored as its UTF-8 bytes, any other JSON value (object, array, number,
+boolean) as its JSON text, never a Python repr.  ``--base64``: keys, values
+and header values are base64 (in both input formats), so any bytes go in.
+``--json`` is the machine-readable output (one summary object on stdout),
+never the input format.
 
-Both show records and rates on stderr (rich), so stdout stays data; with
-``--json`` the last stdout line of ``produce`` is a summary object.  Exit
-codes follow ``xinfra.cli``: 0 success, 1 failure (some records not
-acknowledged, a bad topic, a revoked token), 3 the metadata service is
-unreachable.
+``consume`` writes one line per record: the value (with ``--print-key``, key,
+separator, value); with ``--json`` one object ``{"topic", "epoch", "shard",
+"offset", "timestamp_ms", "key", "value", "headers"}`` (headers a list of
+``[name, value]``: names may repeat); with ``--format`` a kcat-like format
+string (``consume_format``).  ``--base64`` writes keys, values and header
+values in base64 in both, so binary records round-trip; without it bytes that
+are not UTF-8 are written with backslash escapes.  ``consume -e`` stops at the
+end, ``--from -N`` starts at the last N records of each shard (in the current
+epoch).
+
+Both show records and rates on stderr (rich), so stdout stays data.  Exit
+codes are ``xinfra.commands.output.exit_code``'s: 0 done, 1 failure (some
+records not acknowledged, a bad topic, a revoked token), 3 the metadata
+service is unreachable, 4 a physical cluster is.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
+import enum
 import json
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Annotated, Any, BinaryIO
 
 import typer
@@ -44,47 +55,35 @@ from clients import (
     open_producer,
 )
 from clients.consumer import XinfraConsumer, XinfraRecord
-from xinfra.commands.output import error_line
-from xinfra.errors import InvalidRequest, Unavailable, XinfraError
-from xinfra.model import Position
+from xinfra.commands.options import JsonOption, TokenOption, UrlOption, VcOption
+from xinfra.commands.output import EXIT_FAILED, exit_codes
+from xinfra.errors import InvalidRequest
+from xinfra.model import Header, Position
 
 err = Console(stderr=True)
 
 STDIN_CHUNK_BYTES = 1 << 20
 """How much of stdin one read takes; at most ``STDIN_CHUNKS_MAX`` chunks wait to be sent."""
 STDIN_CHUNKS_MAX = 8
-EXIT_FAILED = 1
-EXIT_UNREACHABLE = 3
 
-UrlOption = Annotated[
-    str | None, typer.Option("--url", help="Metadata service URL (XINFRA_METADATA_URL).")
-]
-TokenOption = Annotated[str | None, typer.Option("--token", help="API token (XINFRA_TOKEN).")]
-VcOption = Annotated[
-    str | None,
-    typer.Option("--vcluster", "--vc", help="Virtual cluster (XINFRA_VIRTUAL_CLUSTER)."),
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="JSON lines in and out.")]
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")]
 TimeoutOption = Annotated[
     float,
     typer.Option("--connect-timeout-s", help="How long to wait for an unreachable service."),
 ]
+Base64Option = Annotated[
+    bool,
+    typer.Option(
+        "--base64", help="Keys, values and header values are base64 (binary-safe round trips)."
+    ),
+]
 
 
-@contextlib.contextmanager
-def _exit_codes() -> Iterator[None]:
-    """Service and SDK errors become a red message and an exit code that means something."""
-    try:
-        yield
-    except Unavailable as error:
-        err.print(f"[red]{escape(error_line(error))}[/red]", soft_wrap=True)
-        raise typer.Exit(EXIT_UNREACHABLE) from None
-    except XinfraError as error:
-        err.print(f"[red]{escape(error_line(error))}[/red]", soft_wrap=True)
-        raise typer.Exit(EXIT_FAILED) from None
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
+class InputFormat(enum.StrEnum):
+    """What ``produce`` reads from stdin."""
+
+    LINES = "lines"
+    JSON = "json"
 
 
 def _progress(quiet: bool) -> Progress:
@@ -108,42 +107,80 @@ def _rate(count: int, started: float) -> str:
 # ---- produce -------------------------------------------------------------------------------
 
 
+def _b64(data: bytes, what: str, line: bytes) -> bytes:
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidRequest(f"{what} is not base64: {line[:200]!r}") from None
+
+
+def _json_bytes(value: Any, what: str, line: bytes, as_base64: bool) -> bytes | None:
+    """A JSON field as record bytes: a string's UTF-8 (or, with ``--base64``, its decoded bytes),
+    any other value its JSON text, so an object is stored as JSON and never as a Python repr."""
+    if value is None:
+        return None
+    if as_base64:
+        if not isinstance(value, str):
+            raise InvalidRequest(f"{what} must be a base64 string with --base64: {line[:200]!r}")
+        return _b64(value.encode(), what, line)
+    if isinstance(value, str):
+        return value.encode()
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _parse_json_line(line: bytes, shard: int | None, as_base64: bool) -> dict[str, Any]:
+    try:
+        body = json.loads(line)
+    except ValueError as error:
+        raise InvalidRequest(f"line is not JSON ({error}): {line[:200]!r}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest(f"a JSON line must be an object: {line[:200]!r}")
+    unknown = set(body) - {"key", "value", "headers", "shard", "timestamp_ms"}
+    if unknown:
+        raise InvalidRequest(f"unknown fields {sorted(unknown)} in {line[:200]!r}")
+    headers = body.get("headers") or []
+    pairs = headers.items() if isinstance(headers, dict) else headers
+    header_list: list[Header] = []
+    try:
+        for name, value in pairs:
+            if not isinstance(name, str):
+                raise TypeError(name)
+            encoded = _json_bytes(value, f"header {name!r}", line, as_base64)
+            header_list.append((name, b"" if encoded is None else encoded))
+    except (TypeError, ValueError):
+        raise InvalidRequest(
+            f"headers must be [[name, value], ...] or {{name: value}}: {line[:200]!r}"
+        ) from None
+    for field in ("shard", "timestamp_ms"):
+        if body.get(field) is not None and type(body[field]) is not int:
+            raise InvalidRequest(f"{field} must be an integer: {line[:200]!r}")
+    return {
+        "key": _json_bytes(body.get("key"), "key", line, as_base64),
+        "value": _json_bytes(body.get("value"), "value", line, as_base64),
+        "headers": header_list,
+        "shard": body.get("shard", shard),
+        "timestamp_ms": body.get("timestamp_ms"),
+    }
+
+
 def _parse_line(
-    line: bytes, as_json: bool, key_separator: str | None, shard: int | None
+    line: bytes,
+    input_format: InputFormat,
+    key_separator: str | None,
+    shard: int | None,
+    as_base64: bool = False,
 ) -> dict[str, Any]:
     """One stdin line as send() keyword arguments."""
-    if as_json:
-        try:
-            body = json.loads(line)
-        except ValueError as error:
-            raise InvalidRequest(f"line is not JSON ({error}): {line[:200]!r}") from None
-        if not isinstance(body, dict):
-            raise InvalidRequest(f"a JSON line must be an object: {line[:200]!r}")
-        unknown = set(body) - {"key", "value", "headers", "shard", "timestamp_ms"}
-        if unknown:
-            raise InvalidRequest(f"unknown fields {sorted(unknown)} in {line[:200]!r}")
-        key, value = body.get("key"), body.get("value")
-        headers = body.get("headers") or []
-        pairs = headers.items() if isinstance(headers, dict) else headers
-        try:
-            header_list = [(str(name), str(v).encode()) for name, v in pairs]
-        except (TypeError, ValueError):
-            raise InvalidRequest(
-                f"headers must be [[name, value], ...] or {{name: value}}: {line[:200]!r}"
-            ) from None
-        return {
-            "key": None if key is None else str(key).encode(),
-            "value": None if value is None else str(value).encode(),
-            "headers": header_list,
-            "shard": body.get("shard", shard),
-            "timestamp_ms": body.get("timestamp_ms"),
-        }
+    if input_format is InputFormat.JSON:
+        return _parse_json_line(line, shard, as_base64)
     if key_separator is not None:
         key, found, value = line.partition(key_separator.encode())
         if not found:
             raise InvalidRequest(f"no key separator {key_separator!r} in line {line[:200]!r}")
+        if as_base64:
+            key, value = _b64(key, "key", line), _b64(value, "value", line)
         return {"key": key, "value": value, "shard": shard}
-    return {"value": line, "shard": shard}
+    return {"value": _b64(line, "value", line) if as_base64 else line, "shard": shard}
 
 
 def _read_stdin(
@@ -170,7 +207,8 @@ async def _produce(
     url: str | None,
     token: str | None,
     vc: str | None,
-    as_json: bool,
+    input_format: InputFormat,
+    as_base64: bool,
     key_separator: str | None,
     shard: int | None,
     linger_ms: float,
@@ -206,12 +244,10 @@ async def _produce(
             while (lines := await queue.get()) is not None:
                 for raw in lines:
                     line = raw.rstrip(b"\r\n")
-                    if not line and not as_json:
-                        continue
-                    if as_json and not line.strip():
+                    if not line or (input_format is InputFormat.JSON and not line.strip()):
                         continue
                     future = await producer.send(
-                        topic, **_parse_line(line, as_json, key_separator, shard)
+                        topic, **_parse_line(line, input_format, key_separator, shard, as_base64)
                     )
                     future.add_done_callback(done)
                     counts["sent"] += 1
@@ -230,6 +266,7 @@ async def _produce(
     elapsed_s = time.monotonic() - started
     summary: dict[str, Any] = {
         "topic": topic,
+        "input": input_format.value,
         "sent": counts["sent"],
         "acknowledged": counts["acknowledged"],
         "failed": counts["failed"],
@@ -244,6 +281,15 @@ async def _produce(
 def produce(
     topic: Annotated[str, typer.Argument(help="The virtual topic.")],
     as_json: JsonOption = False,
+    input_format: Annotated[
+        InputFormat,
+        typer.Option(
+            "--input",
+            help="stdin format: lines (a value per line, or key<sep>value with --key-separator) "
+            "or json (an object per line: key, value, headers, shard, timestamp_ms).",
+        ),
+    ] = InputFormat.LINES,
+    as_base64: Base64Option = False,
     key_separator: Annotated[
         str | None,
         typer.Option("--key-separator", help="Split each line into key and value at this."),
@@ -261,17 +307,23 @@ def produce(
     connect_timeout_s: TimeoutOption = 10.0,
     quiet: QuietOption = False,
 ) -> None:
-    """Produce stdin lines to a virtual topic (key -> shard by the keyspace; keyless spread evenly)."""
+    """Produce stdin to a virtual topic (key -> shard by the keyspace; keyless spread evenly).
+
+    ``--json`` prints a summary object on stdout; the input format is ``--input``.
+    """
     if rate_max is not None and rate_max <= 0:
         raise typer.BadParameter("--rate-max must be positive")
-    with _exit_codes():
+    if input_format is InputFormat.JSON and key_separator is not None:
+        raise typer.BadParameter("--key-separator splits lines: leave it out with --input json")
+    with exit_codes():
         summary = asyncio.run(
             _produce(
                 topic,
                 url=url,
                 token=token,
                 vc=vc,
-                as_json=as_json,
+                input_format=input_format,
+                as_base64=as_base64,
                 key_separator=key_separator,
                 shard=shard,
                 linger_ms=linger_ms,
@@ -298,25 +350,108 @@ def produce(
 # ---- consume -------------------------------------------------------------------------------
 
 
-def _text(data: bytes | None) -> str | None:
-    return None if data is None else data.decode("utf-8", "backslashreplace")
+def _text(data: bytes | None, as_base64: bool = False) -> str | None:
+    """Bytes for a JSON document: base64 text, else UTF-8 with backslash escapes (lossy)."""
+    if data is None:
+        return None
+    if as_base64:
+        return base64.b64encode(data).decode("ascii")
+    return data.decode("utf-8", "backslashreplace")
 
 
-def _format(record: XinfraRecord, as_json: bool, print_key: bool, separator: str) -> bytes:
+def _raw(data: bytes | None, as_base64: bool) -> bytes:
+    """Bytes for a format string: as stored (kcat writes them raw), or base64; null is empty."""
+    if data is None:
+        return b""
+    return base64.b64encode(data) if as_base64 else data
+
+
+RecordBytes = Callable[[XinfraRecord, bool], bytes]
+"""One ``--format`` field: the record (and whether base64 is on) to the bytes it prints."""
+
+FORMAT_FIELDS: dict[str, RecordBytes] = {
+    "t": lambda r, _b: r.topic.encode(),
+    "s": lambda r, _b: b"%d" % r.shard,
+    "o": lambda r, _b: b"%d" % r.offset,
+    "e": lambda r, _b: b"%d" % r.epoch,
+    "T": lambda r, _b: b"%d" % r.timestamp_ms,
+    "k": lambda r, b64: _raw(r.key, b64),
+    "v": lambda r, b64: _raw(r.value, b64),
+    "h": lambda r, b64: b",".join(n.encode() + b"=" + _raw(v, b64) for n, v in r.headers),
+}
+"""kcat's tokens in xinfra's words: topic, shard (kcat's %p), offset, epoch, timestamp in ms,
+key, value, headers (``name=value,...``, in order, names may repeat)."""
+FORMAT_ESCAPES = {"n": b"\n", "t": b"\t", "r": b"\r", "\\": b"\\"}
+
+
+def compile_format(fmt: str) -> Callable[[XinfraRecord, bool], bytes]:
+    """A kcat-like ``--format`` string as a function of a record, parsed once, not per record.
+
+    ``%t %s %o %e %T %k %v %h`` are the fields of ``FORMAT_FIELDS``, ``%%`` a percent
+    sign; ``\\n``, ``\\t``, ``\\r`` and ``\\\\`` are escapes (a shell passes them
+    literally).  Like kcat, nothing is added after a record: end the format with ``\\n``
+    for one line each.  Anything else raises ``typer.BadParameter`` (a usage error, exit 2).
+    """
+    parts: list[bytes | RecordBytes] = []
+    literal = bytearray()
+    i = 0
+    while i < len(fmt):
+        char = fmt[i]
+        if char in "%\\" and i + 1 < len(fmt):
+            token = fmt[i + 1]
+            if char == "%" and token == "%":
+                literal += b"%"
+            elif char == "%" and token in FORMAT_FIELDS:
+                if literal:
+                    parts.append(bytes(literal))
+                    literal.clear()
+                parts.append(FORMAT_FIELDS[token])
+            elif char == "\\" and token in FORMAT_ESCAPES:
+                literal += FORMAT_ESCAPES[token]
+            else:
+                raise typer.BadParameter(
+                    f"--format: unknown {char}{token} at {i}; fields are "
+                    f"{' '.join('%' + f for f in FORMAT_FIELDS)}, %%, and escapes \\n \\t \\r \\\\"
+                )
+            i += 2
+            continue
+        if char == "%":
+            raise typer.BadParameter("--format ends in a lone %: write %% for a percent sign")
+        literal += char.encode()
+        i += 1
+    if literal:
+        parts.append(bytes(literal))
+
+    def render(record: XinfraRecord, as_base64: bool) -> bytes:
+        return b"".join(
+            part if isinstance(part, bytes) else part(record, as_base64) for part in parts
+        )
+
+    return render
+
+
+def _format(
+    record: XinfraRecord,
+    as_json: bool,
+    print_key: bool,
+    separator: str,
+    as_base64: bool = False,
+) -> bytes:
+    """One record as one stdout line (without its newline): JSON, key and value, or the value."""
     if as_json:
         return json.dumps(
             {
                 "topic": record.topic,
                 **record.position.to_json(),
                 "timestamp_ms": record.timestamp_ms,
-                "key": _text(record.key),
-                "value": _text(record.value),
-                "headers": [[name, _text(value)] for name, value in record.headers],
+                "key": _text(record.key, as_base64),
+                "value": _text(record.value, as_base64),
+                "headers": [[name, _text(value, as_base64)] for name, value in record.headers],
             }
         ).encode()
-    value = record.value or b""
+    value = _raw(record.value, as_base64)
     if print_key:
-        return (record.key or b"") + separator.encode() + value
+        return _raw(record.key, as_base64) + separator.encode() + value
     return value
 
 
@@ -385,6 +520,8 @@ async def _consume(
     out: BinaryIO,
     group: str | None = None,
     exit_at_end: bool = False,
+    render: Callable[[XinfraRecord, bool], bytes] | None = None,
+    as_base64: bool = False,
 ) -> int:
     options = XinfraConsumerOptions(metadata_timeout_s=connect_timeout_s)
     consumer: XinfraConsumer = await open_consumer(
@@ -418,9 +555,15 @@ async def _consume(
                 want = 1000 if max_records is None else min(1000, max_records - count)
                 records = await consumer.poll(want, timeout_s=0.5)
                 if records:
-                    out.write(
-                        b"".join(_format(r, as_json, print_key, separator) + b"\n" for r in records)
-                    )
+                    if render is not None:
+                        out.write(b"".join(render(r, as_base64) for r in records))
+                    else:
+                        out.write(
+                            b"".join(
+                                _format(r, as_json, print_key, separator, as_base64) + b"\n"
+                                for r in records
+                            )
+                        )
                     out.flush()
                     count += len(records)
                     last_record = time.monotonic()
@@ -467,6 +610,23 @@ def consume(
         ),
     ] = None,
     as_json: JsonOption = False,
+    fmt: Annotated[
+        str | None,
+        typer.Option(
+            "--format",
+            "-f",
+            help="kcat-like format string, e.g. '%k %v\\n': %t topic, %s shard, %o offset, "
+            "%e epoch, %T timestamp ms, %k key, %v value, %h headers (name=value,...), %%; "
+            "escapes \\n \\t \\r \\\\. Nothing is added after a record.",
+        ),
+    ] = None,
+    as_base64: Annotated[
+        bool,
+        typer.Option(
+            "--base64",
+            help="Keys, values and header values in base64 (with --json, --format, --print-key).",
+        ),
+    ] = False,
     print_key: Annotated[bool, typer.Option("--print-key", help="Print key, separator, value.")] = (
         False
     ),
@@ -500,10 +660,17 @@ def consume(
         raise typer.BadParameter("--group assigns the shards: leave out --shards and --position")
     if group is not None and exit_at_end:
         raise typer.BadParameter("--exit-at-end reads fixed shards: leave out --group")
+    render = None
+    if fmt is not None:
+        if as_json or print_key:
+            raise typer.BadParameter(
+                "--format is the whole output: leave out --json and --print-key"
+            )
+        render = compile_format(fmt)
     begin = _start(start)
     if group is not None and isinstance(begin, int) and begin < 0:
         raise typer.BadParameter("--from -N reads fixed shards: leave out --group")
-    with _exit_codes():
+    with exit_codes():
         count = asyncio.run(
             _consume(
                 topics,
@@ -523,6 +690,8 @@ def consume(
                 out=sys.stdout.buffer,
                 group=group,
                 exit_at_end=exit_at_end,
+                render=render,
+                as_base64=as_base64,
             )
         )
     if not quiet:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sdk_live import VC, LiveService, needs_kafka
@@ -69,7 +71,7 @@ def test_produce_lines_and_json_then_consume_them(live: LiveService, kafka: str)
         json.dumps({"key": "j", "value": f"json{i}", "headers": {"h": "v"}}).encode() + b"\n"
         for i in range(20)
     )
-    result = run(["produce", "cli", "--json", "-q"], live.url, token, json_lines)
+    result = run(["produce", "cli", "--input", "json", "--json", "-q"], live.url, token, json_lines)
     assert result.returncode == 0, result.stderr.decode()
     summary = json.loads(result.stdout.decode().strip().splitlines()[-1])
     assert summary["acknowledged"] == 20 and summary["failed"] == 0
@@ -115,7 +117,9 @@ def test_offsets_exit_at_end_last_n_and_repeated_headers(live: LiveService, kafk
         + b"\n"
         for i in range(30)
     )
-    assert run(["produce", "tools", "--json", "-q"], live.url, token, lines).returncode == 0
+    assert (
+        run(["produce", "tools", "--input", "json", "-q"], live.url, token, lines).returncode == 0
+    )
 
     result = run(["topics", "offsets", "tools", "--json"], live.url, token)
     assert result.returncode == 0, result.stderr.decode()
@@ -153,6 +157,169 @@ def test_bad_json_lines_fail_with_a_message(live: LiveService, kafka: str, bad: 
         token = admin.request(
             "POST", "/v1/tokens", json={"name": "strict", "role": "client", "scope": VC}
         )["token"]
-    result = run(["produce", "strict", "--json", "-q"], live.url, token, bad)
+    result = run(["produce", "strict", "--input", "json", "-q"], live.url, token, bad)
     assert result.returncode == 1
     assert b"invalid_request" in result.stderr
+
+
+def _client_token(live: LiveService, name: str) -> str:
+    """A client token of the virtual cluster ``VC``, made through the real service."""
+    with live.admin() as admin:
+        token: str = admin.request(
+            "POST", "/v1/tokens", json={"name": name, "role": "client", "scope": VC}
+        )["token"]
+    return token
+
+
+def _json_lines(stdout: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stdout.decode().splitlines()]
+
+
+@needs_kafka
+def test_consume_format_string_like_kcat(live: LiveService, kafka: str) -> None:
+    """``--format``: %t %s %o %e %k %v %h %T, \\n and \\t escapes, %% a percent; no newline added."""
+    with live.admin() as admin:
+        admin.create_topic(VC, "fmt", kafka, 1)
+    token = _client_token(live, "fmt")
+    lines = b"".join(
+        json.dumps({"key": f"k{i}", "value": f"v{i}", "headers": [["h", "1"], ["h", "2"]]}).encode()
+        + b"\n"
+        for i in range(3)
+    )
+    result = run(["produce", "fmt", "--input", "json", "-q"], live.url, token, lines)
+    assert result.returncode == 0, result.stderr.decode()
+
+    fmt = r"%t|%s|%o|%e|%k|%v|%h|100%%\t%T\n"
+    result = run(["consume", "fmt", "-e", "-q", "--format", fmt], live.url, token)
+    assert result.returncode == 0, result.stderr.decode()
+    rows = result.stdout.decode().split("\n")
+    assert rows[-1] == "" and len(rows) == 4, rows
+    for i, row in enumerate(rows[:3]):
+        fields, timestamp = row.split("\t")
+        assert fields == f"fmt|0|{i}|0|k{i}|v{i}|h=1,h=2|100%"
+        assert int(timestamp) > 1_600_000_000_000
+
+    no_newline = run(["consume", "fmt", "-e", "-q", "--format", "%v,"], live.url, token)
+    assert no_newline.stdout == b"v0,v1,v2,"
+
+    for bad in (
+        ["--format", "%Z"],
+        ["--format", "%v", "--json"],
+        ["--format", "%v", "--print-key"],
+    ):
+        refused = run(["consume", "fmt", "-e", "-q", *bad], live.url, token)
+        assert refused.returncode == 2, refused.stderr.decode()
+
+
+@needs_kafka
+def test_binary_keys_values_and_repeated_headers_round_trip_in_base64(
+    live: LiveService, kafka: str
+) -> None:
+    """``produce --input json --base64`` then ``consume --json --base64``: the same bytes back."""
+    with live.admin() as admin:
+        admin.create_topic(VC, "binary", kafka, 2)
+    token = _client_token(live, "binary")
+    sent = [
+        (
+            os.urandom(8) + b"\xff\x00\n",
+            os.urandom(64) + b"\xfe\r\n\x00",
+            [("h", b"\x00\xff"), ("h", b"\n\x80"), ("x", os.urandom(5))],
+        )
+        for _ in range(20)
+    ]
+    lines = b"".join(
+        json.dumps(
+            {
+                "key": base64.b64encode(key).decode(),
+                "value": base64.b64encode(value).decode(),
+                "headers": [[n, base64.b64encode(v).decode()] for n, v in headers],
+            }
+        ).encode()
+        + b"\n"
+        for key, value, headers in sent
+    )
+    result = run(["produce", "binary", "--input", "json", "--base64", "-q"], live.url, token, lines)
+    assert result.returncode == 0, result.stderr.decode()
+
+    result = run(["consume", "binary", "-e", "--json", "--base64", "-q"], live.url, token)
+    assert result.returncode == 0, result.stderr.decode()
+    got = [
+        (
+            base64.b64decode(r["key"]),
+            base64.b64decode(r["value"]),
+            [(n, base64.b64decode(v)) for n, v in r["headers"]],
+        )
+        for r in _json_lines(result.stdout)
+    ]
+    assert sorted(got) == sorted(sent)
+
+    result = run(
+        ["consume", "binary", "-e", "--base64", "-q", "--format", r"%k %v %h\n"], live.url, token
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    formatted = set()
+    for row in result.stdout.decode().splitlines():
+        key, value, headers = row.split(" ")
+        pairs = [pair.split("=", 1) for pair in headers.split(",")]
+        formatted.add(
+            (
+                base64.b64decode(key),
+                base64.b64decode(value),
+                tuple((n, base64.b64decode(v)) for n, v in pairs),
+            )
+        )
+    assert formatted == {(k, v, tuple(h)) for k, v, h in sent}
+
+    # Lines with --base64: each line is the base64 of the value (and of the key, with a separator).
+    blob = os.urandom(32) + b"\n\x00"
+    line = base64.b64encode(b"\x01key") + b":" + base64.b64encode(blob) + b"\n"
+    result = run(
+        ["produce", "binary", "--base64", "--key-separator", ":", "-q"], live.url, token, line
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    result = run(["consume", "binary", "-e", "--json", "--base64", "-q"], live.url, token)
+    last = [r for r in _json_lines(result.stdout) if base64.b64decode(r["key"]) == b"\x01key"]
+    assert [base64.b64decode(r["value"]) for r in last] == [blob]
+
+    bad = run(
+        ["produce", "binary", "--input", "json", "--base64", "-q"],
+        live.url,
+        token,
+        b'{"value": "***"}\n',
+    )
+    assert bad.returncode == 1 and b"invalid_request" in bad.stderr, bad.stderr
+
+
+@needs_kafka
+def test_produce_json_means_output_and_json_values_stay_json(live: LiveService, kafka: str) -> None:
+    """``--json`` is the summary on stdout, never the input format; JSON values are stored as JSON."""
+    with live.admin() as admin:
+        admin.create_topic(VC, "jsonish", kafka, 1)
+    token = _client_token(live, "jsonish")
+
+    # Lines in (the default), a JSON summary out: the line is the value, verbatim.
+    result = run(["produce", "jsonish", "--json", "-q"], live.url, token, b'{"value": "raw"}\n')
+    assert result.returncode == 0, result.stderr.decode()
+    summary = json.loads(result.stdout.decode().strip().splitlines()[-1])
+    assert summary["acknowledged"] == 1 and summary["failed"] == 0
+    assert summary["input"] == "lines"
+
+    objects = [
+        {"value": {"a": 1, "b": [True, None]}, "key": {"id": 7}, "headers": [["h", {"x": 1}]]},
+        {"value": 5, "key": "plain"},
+        {"value": None, "key": "tombstone"},
+    ]
+    payload = b"".join(json.dumps(o).encode() + b"\n" for o in objects)
+    result = run(["produce", "jsonish", "--input", "json", "-q"], live.url, token, payload)
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout == b""  # without --json, nothing on stdout
+
+    result = run(["consume", "jsonish", "-e", "--json", "-q"], live.url, token)
+    records = _json_lines(result.stdout)
+    assert records[0]["value"] == '{"value": "raw"}'
+    assert json.loads(records[1]["value"]) == {"a": 1, "b": [True, None]}
+    assert json.loads(records[1]["key"]) == {"id": 7}
+    assert json.loads(records[1]["headers"][0][1]) == {"x": 1}
+    assert "'" not in records[1]["value"]  # JSON text, never a Python repr
+    assert records[2]["value"] == "5" and records[2]["key"] == "plain"
+    assert records[3]["value"] is None

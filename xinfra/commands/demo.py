@@ -8,8 +8,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from xinfra.commands.output import emit, err, out
-from xinfra.errors import Unavailable, XinfraError
+from xinfra.commands.output import emit, err, error_line, exit_code, out
+from xinfra.errors import XinfraError
 from xinfra.rest import MetadataClient, resolve_token
 from xinfra.settings import get_settings
 
@@ -39,9 +39,9 @@ def spark(
             result = run_demo(session, stack, topic or default_topic(), records, keys, shards)
         finally:
             session.stop()
-    except XinfraError as error:  # exit codes as ``service_call``: 3 unreachable, 1 failed
-        err.print(f"[red]{escape(error.message)} {escape(f'[{error.code}]')}[/red]")
-        raise typer.Exit(3 if isinstance(error, Unavailable) else 1) from None
+    except XinfraError as error:
+        err.print(f"[red]{escape(error_line(error))}[/red]", soft_wrap=True)
+        raise typer.Exit(exit_code(error)) from None
     emit(result, as_json, _show)
     if not result["match"]:
         raise typer.Exit(1)
@@ -103,9 +103,9 @@ def migration(
                 settings.metadata_url, resolve_token(settings), settings.virtual_cluster, config
             )
         )
-    except XinfraError as error:  # exit codes as ``service_call``: 3 unreachable, 1 failed
-        err.print(f"[red]{escape(error.message)} {escape(f'[{error.code}]')}[/red]")
-        raise typer.Exit(3 if isinstance(error, Unavailable) else 1) from None
+    except XinfraError as error:
+        err.print(f"[red]{escape(error_line(error))}[/red]", soft_wrap=True)
+        raise typer.Exit(exit_code(error)) from None
     emit(result, as_json, _show_migration)
     if not result["ok"]:
         raise typer.Exit(1)
