@@ -323,3 +323,78 @@ def test_produce_json_means_output_and_json_values_stay_json(live: LiveService, 
     assert "'" not in records[1]["value"]  # JSON text, never a Python repr
     assert records[2]["value"] == "5" and records[2]["key"] == "plain"
     assert records[3]["value"] is None
+
+
+def run_with_flags(
+    args: list[str], tmp_path: Path, stdin: bytes = b"", timeout_s: float = 90
+) -> subprocess.CompletedProcess[bytes]:
+    """``xinfra`` whose settings all point elsewhere: only its --url/--token/--vc flags can work."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XINFRA_")}
+    env |= {
+        "XINFRA_METADATA_URL": f"http://127.0.0.1:{free_port()}",
+        "XINFRA_TOKEN": "not-the-token",
+        "XINFRA_VIRTUAL_CLUSTER": "not-the-vcluster",
+        "XINFRA_RUN_DIR": str(tmp_path / "no-run-dir"),
+        "XDG_CONFIG_HOME": str(tmp_path / "no-config"),
+    }
+    return subprocess.run(
+        [XINFRA, *args], input=stdin, capture_output=True, env=env, timeout=timeout_s, check=False
+    )
+
+
+@needs_kafka
+def test_url_token_and_vc_flags_on_every_service_command(
+    live: LiveService, kafka: str, tmp_path: Path
+) -> None:
+    """Every command that talks to the service takes --url, --token and (where a virtual
+    cluster applies) --vc, and they override the settings."""
+    from sdk_live import ADMIN_TOKEN
+
+    with live.admin() as admin:
+        admin.request("POST", "/v1/vclusters", json={"name": "other"})
+    service = ["--url", live.url, "--token", ADMIN_TOKEN]
+    scoped = [*service, "--vc", "other"]
+
+    def ok(*args: str, stdin: bytes = b"") -> Any:
+        result = run_with_flags([*args, "--json"], tmp_path, stdin)
+        assert result.returncode == 0, (args, result.stderr.decode())
+        return json.loads(result.stdout.decode().strip().splitlines()[-1])
+
+    # Without the flags the settings (a dead URL) are used: exit 3.
+    assert run_with_flags(["topics", "list"], tmp_path).returncode == 3
+
+    assert [c["name"] for c in ok("clusters", "list", *service)] == ["kafka"]
+    assert ok("clusters", "describe", "kafka", *service)["kind"] == "kafka"
+    assert ok("topics", "create", "flagged", "--cluster", kafka, *scoped)["version"] == 1
+    assert [t["name"] for t in ok("topics", "list", *scoped)] == ["flagged"]
+    assert ok("topics", "list", *service, "--vc", VC) == []
+    assert ok("topics", "describe", "flagged", *scoped)["topic"]["virtual_cluster"] == "other"
+    assert ok("produce", "flagged", "-q", *scoped, stdin=b"a\nb\n")["acknowledged"] == 2
+    offsets = ok("topics", "offsets", "flagged", *scoped)
+    assert sum(row["count"] for row in offsets) == 2
+    consumed = run_with_flags(["consume", "flagged", "-e", "-q", *scoped], tmp_path)
+    assert consumed.returncode == 0 and consumed.stdout == b"a\nb\n", consumed.stderr
+    assert ok("groups", "list", *scoped) == []
+    assert ok("topics", "reconcile", *service)["errors"] == []
+    assert ok("topics", "seal", "flagged", *scoped)["topic"]["sealed"]
+    assert ok("topics", "delete", "flagged", *scoped) == {"deleted": "flagged"}
+
+    # A wrong --token is refused even though the URL is right: exit 1, unauthenticated.
+    refused = run_with_flags(["topics", "list", "--url", live.url, "--token", "nope"], tmp_path)
+    assert refused.returncode == 1 and b"unauthenticated" in refused.stderr
+
+
+def test_unreachable_physical_cluster_exits_4(live: LiveService, tmp_path: Path) -> None:
+    """A physical cluster that does not answer is exit 4, apart from the service's 3."""
+    from sdk_live import ADMIN_TOKEN
+
+    dead = f"127.0.0.1:{free_port()}"
+    result = run_with_flags(
+        [
+            "clusters", "register", "dead", "--kind", "kafka", "--bootstrap", dead,
+            "--url", live.url, "--token", ADMIN_TOKEN,
+        ],
+        tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 4, result.stderr.decode()
+    assert b"backend_unavailable" in result.stderr and b"physical cluster" in result.stderr

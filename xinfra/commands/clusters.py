@@ -8,11 +8,11 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
+from xinfra.commands.options import JsonOption, TokenOption, UrlOption
 from xinfra.commands.output import emit, out, service_call
 from xinfra.model import ClusterKind, PhysicalCluster
 
 app = typer.Typer(help="Physical clusters (Kafka, Northguard).", no_args_is_help=True)
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 
 def _attributes(pairs: list[str]) -> dict[str, str]:
@@ -42,6 +42,8 @@ def register(
     no_check: Annotated[
         bool, typer.Option("--no-check", help="Skip the connectivity check.")
     ] = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Register a physical cluster (the service validates it, then checks its connectivity)."""
@@ -52,14 +54,14 @@ def register(
     except ValidationError as error:
         reasons = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
         raise typer.BadParameter(reasons) from None
-    with service_call() as client:
+    with service_call(url, token) as client:
         emit(client.register_cluster(cluster, check=not no_check), as_json, _show)
 
 
 @app.command("list")
-def list_(as_json: JsonOption = False) -> None:
+def list_(url: UrlOption = None, token: TokenOption = None, as_json: JsonOption = False) -> None:
     """List physical clusters."""
-    with service_call() as client:
+    with service_call(url, token) as client:
         clusters = client.list_clusters()
 
     def human(rows: list[dict[str, Any]]) -> None:
@@ -72,15 +74,19 @@ def list_(as_json: JsonOption = False) -> None:
 
 
 @app.command()
-def describe(name: str, as_json: JsonOption = False) -> None:
+def describe(
+    name: str, url: UrlOption = None, token: TokenOption = None, as_json: JsonOption = False
+) -> None:
     """Show one physical cluster."""
-    with service_call() as client:
+    with service_call(url, token) as client:
         emit(client.describe_cluster(name), as_json, _show)
 
 
 @app.command()
-def delete(name: str, as_json: JsonOption = False) -> None:
+def delete(
+    name: str, url: UrlOption = None, token: TokenOption = None, as_json: JsonOption = False
+) -> None:
     """Unregister a physical cluster no epoch lives on."""
-    with service_call() as client:
+    with service_call(url, token) as client:
         client.delete_cluster(name)
     emit({"deleted": name}, as_json, lambda d: out.print(f"deleted cluster {name}"))

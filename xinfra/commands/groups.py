@@ -14,6 +14,7 @@ import httpx
 import typer
 from rich.table import Table
 
+from xinfra.commands.options import JsonOption, TokenOption, UrlOption, VcOption, vc_name
 from xinfra.commands.output import emit, out, service_call
 from xinfra.errors import Unavailable
 from xinfra.rest import MetadataClient, resolve_token
@@ -22,22 +23,16 @@ from xinfra.settings import get_settings
 app = typer.Typer(
     help="Consumer groups: members, shards, committed positions, lag.", no_args_is_help=True
 )
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
-VcOption = Annotated[
-    str | None,
-    typer.Option("--vcluster", "-v", help="Virtual cluster (default: XINFRA_VIRTUAL_CLUSTER)."),
-]
 REDIRECTS_MAX = 3
 
 
-def _vc(value: str | None) -> str:
-    return value or get_settings().virtual_cluster
-
-
-def _call(client: MetadataClient, method: str, path: str, json: Any = None) -> Any:
-    """One request, following redirects to the coordinating instance."""
+def _call(
+    client: MetadataClient, token: str | None, method: str, path: str, json: Any = None
+) -> Any:
+    """One request with ``token`` (``--token``, else the settings'), following redirects to the
+    coordinating instance (an HTTP client drops the token on a redirect to another origin)."""
     settings = get_settings()
-    token = resolve_token(settings)
+    token = resolve_token(settings, token)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     base = client.url
     for _ in range(REDIRECTS_MAX + 1):
@@ -58,10 +53,15 @@ def _call(client: MetadataClient, method: str, path: str, json: Any = None) -> A
 
 
 @app.command("list")
-def list_(vcluster: VcOption = None, as_json: JsonOption = False) -> None:
+def list_(
+    vc: VcOption = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
     """List the groups of a virtual cluster with their state and member count."""
-    with service_call() as client:
-        groups = _call(client, "GET", f"/v1/vclusters/{_vc(vcluster)}/groups")["groups"]
+    with service_call(url, token) as client:
+        groups = _call(client, token, "GET", f"/v1/vclusters/{vc_name(vc)}/groups")["groups"]
 
     def human(rows: list[dict[str, Any]]) -> None:
         table = Table("group", "state", "members", "epoch")
@@ -73,10 +73,16 @@ def list_(vcluster: VcOption = None, as_json: JsonOption = False) -> None:
 
 
 @app.command()
-def describe(group: str, vcluster: VcOption = None, as_json: JsonOption = False) -> None:
+def describe(
+    group: str,
+    vc: VcOption = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
     """Members, their shards, committed positions and lag per shard."""
-    with service_call() as client:
-        body = _call(client, "GET", f"/v1/vclusters/{_vc(vcluster)}/groups/{group}")
+    with service_call(url, token) as client:
+        body = _call(client, token, "GET", f"/v1/vclusters/{vc_name(vc)}/groups/{group}")
 
     def human(data: dict[str, Any]) -> None:
         out.print(
@@ -117,7 +123,9 @@ def reset_offsets(
         typer.Option("--to-position", help="epoch:shard:offset (repeat)."),
     ] = None,
     force: Annotated[bool, typer.Option(help="Reset even while members run.")] = False,
-    vcluster: VcOption = None,
+    vc: VcOption = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Set a topic's committed positions; refused while the group has members unless --force."""
@@ -142,8 +150,10 @@ def reset_offsets(
             epoch, shard, offset = (int(p) for p in parts)
             positions.append({"topic": topic, "epoch": epoch, "shard": shard, "offset": offset})
         body["to"], body["positions"] = "position", positions
-    with service_call() as client:
-        result = _call(client, "POST", f"/v1/vclusters/{_vc(vcluster)}/groups/{group}/reset", body)
+    with service_call(url, token) as client:
+        result = _call(
+            client, token, "POST", f"/v1/vclusters/{vc_name(vc)}/groups/{group}/reset", body
+        )
 
     def human(data: dict[str, Any]) -> None:
         table = Table("topic", "epoch", "shard", "offset")
@@ -158,11 +168,13 @@ def reset_offsets(
 def delete(
     group: str,
     force: Annotated[bool, typer.Option(help="Delete even while members run.")] = False,
-    vcluster: VcOption = None,
+    vc: VcOption = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Delete a group's state and checkpoints."""
     suffix = "?force=true" if force else ""
-    with service_call() as client:
-        _call(client, "DELETE", f"/v1/vclusters/{_vc(vcluster)}/groups/{group}{suffix}")
+    with service_call(url, token) as client:
+        _call(client, token, "DELETE", f"/v1/vclusters/{vc_name(vc)}/groups/{group}{suffix}")
     emit({"deleted": group}, as_json, lambda _d: out.print(f"deleted group {group}"))

@@ -7,22 +7,13 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from xinfra.commands.options import JsonOption, TokenOption, UrlOption, VcOption, vc_name
 from xinfra.commands.output import emit, err, out, service_call
 from xinfra.errors import XinfraError
 from xinfra.model import PhysicalCluster, TopicMetadata
 from xinfra.rest import MetadataClient
-from xinfra.settings import get_settings
 
 app = typer.Typer(help="Virtual topics and their epochs.", no_args_is_help=True)
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
-VcOption = Annotated[
-    str | None,
-    typer.Option("--vcluster", "-v", help="Virtual cluster (default: XINFRA_VIRTUAL_CLUSTER)."),
-]
-
-
-def _vc(value: str | None) -> str:
-    return value or get_settings().virtual_cluster
 
 
 def _config(pairs: list[str] | None) -> dict[str, str]:
@@ -80,21 +71,28 @@ def create(
     cluster: Annotated[str, typer.Option(help="Physical cluster of epoch 0.")],
     shards: Annotated[int, typer.Option(min=1, help="Number of shards.")] = 1,
     config: Annotated[list[str] | None, typer.Option(help="key=value (repeat).")] = None,
-    vcluster: VcOption = None,
+    vc: VcOption = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Create a virtual topic with N shards on a physical cluster."""
-    with service_call() as client:
+    with service_call(url, token) as client:
         _emit_metadata(
-            client.create_topic(_vc(vcluster), name, cluster, shards, _config(config)), as_json
+            client.create_topic(vc_name(vc), name, cluster, shards, _config(config)), as_json
         )
 
 
 @app.command("list")
-def list_(vcluster: VcOption = None, as_json: JsonOption = False) -> None:
+def list_(
+    vc: VcOption = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
     """List the topics of a virtual cluster."""
-    with service_call() as client:
-        topics = client.list_topics(_vc(vcluster))
+    with service_call(url, token) as client:
+        topics = client.list_topics(vc_name(vc))
 
     def human(rows: list[dict[str, Any]]) -> None:
         table = Table("name", "version", "state", "sealed")
@@ -108,10 +106,16 @@ def list_(vcluster: VcOption = None, as_json: JsonOption = False) -> None:
 
 
 @app.command()
-def describe(name: str, vcluster: VcOption = None, as_json: JsonOption = False) -> None:
+def describe(
+    name: str,
+    vc: VcOption = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
     """Show a topic's metadata: version, epochs, shards, clusters."""
-    with service_call() as client:
-        _emit_metadata(client.topic_metadata(_vc(vcluster), name), as_json)
+    with service_call(url, token) as client:
+        _emit_metadata(client.topic_metadata(vc_name(vc), name), as_json)
 
 
 @app.command()
@@ -120,12 +124,14 @@ def delete(
     expected_version: Annotated[
         int | None, typer.Option(help="Fail unless at this version.")
     ] = None,
-    vcluster: VcOption = None,
+    vc: VcOption = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Delete a topic and its physical topics."""
-    with service_call() as client:
-        client.delete_topic(_vc(vcluster), name, expected_version)
+    with service_call(url, token) as client:
+        client.delete_topic(vc_name(vc), name, expected_version)
     emit({"deleted": name}, as_json, lambda _d: out.print(f"deleted topic {name}"))
 
 
@@ -137,13 +143,15 @@ def seal(
         typer.Option(help="shard=offset (repeat); default: read from the backend."),
     ] = None,
     expected_version: Annotated[int | None, typer.Option()] = None,
-    vcluster: VcOption = None,
+    vc: VcOption = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Seal a topic: no more writes; unsealed epochs get their end offsets."""
-    with service_call() as client:
+    with service_call(url, token) as client:
         _emit_metadata(
-            client.seal_topic(_vc(vcluster), name, _offsets(end_offset), expected_version), as_json
+            client.seal_topic(vc_name(vc), name, _offsets(end_offset), expected_version), as_json
         )
 
 
@@ -163,14 +171,16 @@ def add_epoch(
         int | None, typer.Option(help="Epoch whose records this one mirrors.")
     ] = None,
     expected_version: Annotated[int | None, typer.Option()] = None,
-    vcluster: VcOption = None,
+    vc: VcOption = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Seal the current epoch and add a new one on another physical cluster."""
-    with service_call() as client:
+    with service_call(url, token) as client:
         _emit_metadata(
             client.add_epoch(
-                _vc(vcluster),
+                vc_name(vc),
                 name,
                 cluster,
                 shards,
@@ -235,7 +245,13 @@ async def _epoch_offsets(metadata: TopicMetadata) -> list[dict[str, Any]]:
 
 
 @app.command()
-def offsets(name: str, vcluster: VcOption = None, as_json: JsonOption = False) -> None:
+def offsets(
+    name: str,
+    vc: VcOption = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
     """Per epoch and shard: low (first retained offset), high (one past the last), record count.
 
     Like kafka-get-offsets / kcat -Q, across the epochs of a virtual topic.  The count
@@ -243,8 +259,8 @@ def offsets(name: str, vcluster: VcOption = None, as_json: JsonOption = False) -
     """
     import asyncio
 
-    with service_call() as client:
-        metadata = client.topic_metadata(_vc(vcluster), name)
+    with service_call(url, token) as client:
+        metadata = client.topic_metadata(vc_name(vc), name)
         rows = asyncio.run(_epoch_offsets(metadata))
 
     def human(data: list[dict[str, Any]]) -> None:
@@ -350,13 +366,15 @@ def reconcile(
             "a restart of the memory-only local Kafka; their records are lost.",
         ),
     ] = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Finish or undo interrupted operations; report drift from the physical clusters.
 
     Exit 1 when an error remains or, without --repair, an epoch's physical topic is missing.
     """
-    with service_call() as client:
+    with service_call(url, token) as client:
         report = client.reconcile(grace_s, delete_orphans)
         if repair:
             fixed, errors = repair_missing_physical_topics(client, report["drift"])
