@@ -1,7 +1,8 @@
 """The ``xinfra`` command line: nouns then verbs, ``--json`` everywhere, exit codes that mean something.
 
-Exit codes: 0 success, 1 operation failed, 2 usage error (Typer's), 3 service
-unreachable.  Subcommands that live in other packages (``northguard``,
+Exit codes (``xinfra.commands.output.exit_code``): 0 success, 1 operation
+failed, 2 usage error (Typer's), 3 metadata service unreachable, 4 a physical
+cluster unreachable.  Subcommands that live in other packages (``northguard``,
 ``serve``, ``db``, ...) are mounted from the ``xinfra.commands`` entry-point
 group, so this package imports none of them (DESIGN.md §1).
 """
@@ -33,7 +34,10 @@ PLUGIN_HELP = {
     "groups": "Consumer groups: members, assignments, checkpoints.",
     "migrate": "Move a virtual topic to another physical cluster.",
     "demo": "Demonstrations on the local stack.",
-    "produce": "Produce stdin lines to a virtual topic.",
+    "vclusters": "Virtual clusters: list, create.",
+    "tokens": "API tokens: list, create, revoke.",
+    "clients": "Connected producers and consumers: list.",
+    "produce": "Produce stdin (lines or JSON) to a virtual topic.",
     "consume": "Consume virtual topics through their epochs to stdout.",
 }
 """One line per plugin for ``xinfra --help``, so that the listing imports none of them."""

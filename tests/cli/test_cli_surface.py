@@ -30,6 +30,11 @@ def test_version_flag_and_command() -> None:
         ["topics", "reconcile", "-h"],
         ["topics", "offsets", "-h"],
         ["consume", "-h"],
+        ["produce", "-h"],
+        ["topics", "alter", "-h"],
+        ["vclusters", "create", "-h"],
+        ["tokens", "revoke", "-h"],
+        ["clients", "list", "-h"],
         ["northguard", "broker", "-h"],
         ["status", "-h"],
         ["down", "-h"],
@@ -58,7 +63,7 @@ def test_help_and_version_import_no_plugin() -> None:
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "HEAVY []" in result.stdout
-    for plugin in ("topics", "produce", "consume", "northguard", "serve"):
+    for plugin in ("topics", "produce", "consume", "northguard", "serve", "vclusters", "tokens"):
         assert plugin in result.stdout
 
 
@@ -66,3 +71,26 @@ def test_unknown_command_is_a_usage_error() -> None:
     result = _xinfra("nope")
     assert result.returncode == 2
     assert "nope" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "options"),
+    [
+        (["topics", "list"], ["--url", "--token", "--vc", "--json"]),
+        (["topics", "alter"], ["--url", "--token", "--vc", "--json"]),
+        (["groups", "describe"], ["--url", "--token", "--vc", "--json"]),
+        (["clusters", "list"], ["--url", "--token", "--json"]),
+        (["vclusters", "list"], ["--url", "--token", "--json"]),
+        (["tokens", "create"], ["--url", "--token", "--json"]),
+        (["clients", "list"], ["--url", "--token", "--vc", "--json"]),
+        (["produce"], ["--url", "--token", "--vc", "--json", "--input", "--base64"]),
+        (["consume"], ["--url", "--token", "--vc", "--json", "--format", "--base64"]),
+    ],
+)
+def test_service_commands_share_their_options(args: list[str], options: list[str]) -> None:
+    """One spelling for each shared option on every command that talks to the service."""
+    result = _xinfra(*args, "-h")
+    assert result.returncode == 0, result.stderr
+    for option in options:
+        assert option in result.stdout, (args, option)
+    assert "-v," not in result.stdout  # -v is not the virtual cluster

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from sdk_live import VC, LiveService, needs_kafka
 
+from xinfra.rest import MetadataClient
 from xinfra.services.ports import free_port
 
 XINFRA = str(Path(sys.executable).with_name("xinfra"))
@@ -398,3 +399,85 @@ def test_unreachable_physical_cluster_exits_4(live: LiveService, tmp_path: Path)
     )  # fmt: skip
     assert result.returncode == 4, result.stderr.decode()
     assert b"backend_unavailable" in result.stderr and b"physical cluster" in result.stderr
+
+
+def test_vclusters_tokens_and_clients_commands(live: LiveService, tmp_path: Path) -> None:
+    """``vclusters list|create``, ``tokens list|create|revoke``, ``clients list`` over /v1."""
+    from sdk_live import ADMIN_TOKEN
+
+    admin = ["--url", live.url, "--token", ADMIN_TOKEN]
+
+    def ok(*args: str) -> Any:
+        result = run_with_flags([*args, "--json"], tmp_path)
+        assert result.returncode == 0, (args, result.stderr.decode())
+        return json.loads(result.stdout.decode().strip().splitlines()[-1])
+
+    created = ok("vclusters", "create", "team", "--description", "the team's topics", *admin)
+    assert created["name"] == "team" and created["description"] == "the team's topics"
+    assert "team" in [v["name"] for v in ok("vclusters", "list", *admin)]
+    human = run_with_flags(["vclusters", "list", *admin], tmp_path)
+    assert human.returncode == 0 and b"team" in human.stdout
+
+    token = ok("tokens", "create", "app", "--role", "client", "--scope", "team", *admin)
+    assert token["name"] == "app" and token["scope"] == "team" and token["token"]
+    listed = {t["name"]: t for t in ok("tokens", "list", *admin)}
+    assert listed["app"]["role"] == "client" and "token" not in listed["app"]
+    app = ["--url", live.url, "--token", token["token"]]
+    assert ok("topics", "list", *app, "--vc", "team") == []
+    forbidden = run_with_flags(["topics", "list", *app, "--vc", VC], tmp_path)
+    assert forbidden.returncode == 1 and b"forbidden" in forbidden.stderr
+    # The scoped token sees only its virtual cluster.
+    assert [v["name"] for v in ok("vclusters", "list", *app)] == ["team"]
+
+    assert ok("clients", "list", *app, "--vc", "team") == []
+    with MetadataClient(live.url, token=token["token"]) as client:
+        client.register_client("team", "cli-probe", "consumer", ["orders"], host="here")
+    clients = ok("clients", "list", *app, "--vc", "team")
+    assert [(c["client_id"], c["kind"], c["topics"]) for c in clients] == [
+        ("cli-probe", "consumer", ["orders"])
+    ]
+    assert ok("clients", "list", *app, "--vc", "team", "--topic", "other") == []
+    human = run_with_flags(["clients", "list", *app, "--vc", "team"], tmp_path)
+    assert human.returncode == 0 and b"cli-probe" in human.stdout
+
+    assert ok("tokens", "revoke", "app", *admin) == {"revoked": "app"}
+    assert "app" not in [t["name"] for t in ok("tokens", "list", *admin)]
+    revoked = run_with_flags(["topics", "list", *app, "--vc", "team"], tmp_path)
+    assert revoked.returncode == 1 and b"unauthenticated" in revoked.stderr
+
+    bad_role = run_with_flags(["tokens", "create", "x", "--role", "root", *admin], tmp_path)
+    assert bad_role.returncode == 2, bad_role.stderr.decode()
+    # Only an admin of all manages tokens: the service's 403 is exit 1.
+    denied = run_with_flags(["tokens", "list", *app], tmp_path)
+    assert denied.returncode == 1
+
+
+@needs_kafka
+def test_topics_alter_merges_config_optimistically(
+    live: LiveService, kafka: str, tmp_path: Path
+) -> None:
+    """``topics alter NAME --config k=v --delete-config k``: a read-merge-write at one version."""
+    from sdk_live import ADMIN_TOKEN
+
+    admin = ["--url", live.url, "--token", ADMIN_TOKEN, "--vc", VC]
+
+    def alter(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return run_with_flags(["topics", "alter", "conf", *args, *admin, "--json"], tmp_path)
+
+    with live.admin() as client:
+        client.create_topic(VC, "conf", kafka, 1, {"a": "b", "keep": "1"})
+    result = alter("--config", "a=z", "--config", "c=d")
+    assert result.returncode == 0, result.stderr.decode()
+    altered = json.loads(result.stdout)
+    assert altered["topic"]["config"] == {"a": "z", "c": "d", "keep": "1"}
+    assert altered["version"] == 2
+    result = alter("--delete-config", "a", "--expected-version", "2")
+    assert result.returncode == 0, result.stderr.decode()
+    assert json.loads(result.stdout)["topic"]["config"] == {"c": "d", "keep": "1"}
+
+    stale = alter("--config", "x=y", "--expected-version", "1")
+    assert stale.returncode == 1 and b"version_conflict" in stale.stderr
+    assert alter().returncode == 2  # nothing to change is a usage error
+    assert alter("--config", "novalue").returncode == 2
+    missing = run_with_flags(["topics", "alter", "nope", "--config", "a=b", *admin], tmp_path)
+    assert missing.returncode == 1 and b"topic_not_found" in missing.stderr

@@ -1,4 +1,4 @@
-"""``xinfra topics create|list|describe|delete|seal|add-epoch|reconcile|offsets``: virtual topics."""
+"""``xinfra topics create|list|describe|alter|delete|seal|add-epoch|reconcile|offsets``: virtual topics."""
 
 from __future__ import annotations
 
@@ -116,6 +116,41 @@ def describe(
     """Show a topic's metadata: version, epochs, shards, clusters."""
     with service_call(url, token) as client:
         _emit_metadata(client.topic_metadata(vc_name(vc), name), as_json)
+
+
+@app.command()
+def alter(
+    name: str,
+    config: Annotated[list[str] | None, typer.Option(help="key=value to set (repeat).")] = None,
+    delete_config: Annotated[
+        list[str] | None, typer.Option("--delete-config", help="Key to remove (repeat).")
+    ] = None,
+    expected_version: Annotated[
+        int | None, typer.Option(help="Fail unless the topic is at this version.")
+    ] = None,
+    vc: VcOption = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Change a topic's config: set and remove keys, keep the others (kafka-configs --alter).
+
+    The service replaces the whole config at a version, so this reads the topic,
+    merges, and writes at the version it read: a concurrent change makes it fail
+    (version_conflict, exit 1) instead of being lost.  The config is the virtual
+    topic's; physical topics are not reconfigured.
+    """
+    updates = _config(config)
+    removed = set(delete_config or [])
+    if not updates and not removed:
+        raise typer.BadParameter("give --config key=value or --delete-config key")
+    if removed & updates.keys():
+        raise typer.BadParameter(f"both set and deleted: {sorted(removed & updates.keys())}")
+    with service_call(url, token) as client:
+        current = client.topic_metadata(vc_name(vc), name)
+        at = current.version if expected_version is None else expected_version
+        merged = {k: v for k, v in current.topic.config.items() if k not in removed} | updates
+        _emit_metadata(client.update_topic_config(vc_name(vc), name, merged, at), as_json)
 
 
 @app.command()
