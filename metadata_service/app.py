@@ -276,7 +276,9 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
     app.state.services = services
     app.state.config = config
     app.state.groups = group_service
-    app.state.migrations = MigrationService(services.runtime, services.topics, services.registry)
+    app.state.migrations = MigrationService(
+        services.runtime, services.topics, services.registry, group_service
+    )
     install_problem_handlers(app)
     app.add_exception_handler(NotCoordinator, groups.not_coordinator_response)
     for router in (health.router, clusters.router, topics.router, clients.router, admin.router):

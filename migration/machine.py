@@ -12,8 +12,10 @@ another) in four states::
   the source position it mirrors.
 * ``cut_over``: the source is sealed with its end offsets (the two-phase
   settle); producers stop writing it and readers cross into the target at the
-  exactly translated position (they skip the mirrored prefix), so group
-  checkpoints in the source stay exact.
+  exactly translated position (they skip the mirrored prefix).  The
+  checkpoints of idle groups move to the target at the translated offsets
+  (``migration.checkpoints``), again at ``completed``; a group with live
+  members moves itself, committing target positions once it crossed.
 * ``completed``: the target is an ordinary active epoch.
 
 Producers are never held by a step: no send waits for a metadata version.
@@ -30,7 +32,8 @@ Nothing is lost silently at the seal: a Northguard source is sealed natively
 recorded end offsets are counted as orphaned (``migration.orphans``).
 
 Rollback is possible while the source still takes writes (planned,
-dual_write).  The service (``migration.service``) persists every state with
+dual_write): the target epoch is dropped, group checkpoints on it return to
+the source at translated offsets, and its physical topic is deleted.  The service (``migration.service``) persists every state with
 its history, performs a step's side effects idempotently, and records a
 ``pending`` step before acting so a restarted service resumes it.
 """
@@ -74,6 +77,9 @@ class Migration:
     shards: int
     state: State = State.PLANNED
     target_epoch: int | None = None
+    target_physical: str | None = None
+    """The target epoch's physical topic, kept so a rollback deletes it even after the
+    epoch's row is gone (a rollback paused between the two)."""
     pending: str | None = None
     """The step under way (a target state, or ``rollback``): a restart resumes it."""
     paused: bool = False

@@ -13,17 +13,20 @@ clients; the same step (advance or rollback) resumes it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Any
 
 from prometheus_client import Gauge
 
+from metadata_service.groups import Groups
 from metadata_service.registry import RegistryService
 from metadata_service.runtime import Runtime
 from metadata_service.schemas import EpochCreate, EpochUpdate
 from metadata_service.store.repository import EpochRow
 from metadata_service.topics import TopicService
+from migration.checkpoints import Moved, cached, move_checkpoints, scan_mirror
 from migration.machine import (
     ROLLBACK,
     Migration,
@@ -33,7 +36,7 @@ from migration.machine import (
     plan,
 )
 from migration.orphans import find_orphans
-from xinfra.errors import MigrationNotFound, StepOutOfOrder, TopicNotFound
+from xinfra.errors import ClusterNotFound, MigrationNotFound, StepOutOfOrder, TopicNotFound
 from xinfra.model import EpochState
 
 ACK_POLL_S = 0.05
@@ -41,10 +44,18 @@ ACK_POLL_S = 0.05
 
 
 class MigrationService:
-    def __init__(self, runtime: Runtime, topics: TopicService, registry: RegistryService) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        topics: TopicService,
+        registry: RegistryService,
+        groups: Groups | None = None,
+    ) -> None:
         self.rt = runtime
         self.topics = topics
         self.registry = registry
+        self.groups = groups
+        """Where group checkpoints live; None (no groups) leaves them to the read-through."""
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self.orphaned = Gauge(
             "xinfra_migration_orphaned_records",
@@ -136,25 +147,44 @@ class MigrationService:
                 migration.record("paused", step=step.value, late_clients=migration.late_clients)
                 await self._save(migration, version)
                 return migration
+            if step in (State.CUT_OVER, State.COMPLETED):
+                self._record_moved(migration, await self._checkpoints_forward(migration))
             migration.state, migration.pending = step, None
             migration.record(step.value, target_epoch=migration.target_epoch)
             await self._save(migration, version)
             return migration
 
     async def rollback(self, vc: str, topic: str, ack_timeout_s: float) -> Migration:
-        """Back to the source alone: the target epoch is dropped, then its physical topic."""
+        """Back to the source alone: the target epoch is dropped, then its physical topic.
+
+        The physical topic is deleted, not left for reconcile: during dual writes
+        it holds only copies of source records (every target record mirrors
+        one), so deleting it loses nothing, and an operator who rolls back
+        expects the target cluster as it was before the plan, not a topic no
+        epoch names that keeps its disk until someone notices.  It is deleted
+        only once every client acknowledged the dropped epoch (no producer
+        writes it any more) and after group checkpoints on it were translated
+        back, which reads it.  Its name is kept in the migration, so a rollback
+        paused between dropping the epoch and deleting the topic deletes it
+        when resumed.
+        """
         async with self._lock(vc, topic):
             migration, version = await self._required(vc, topic)
             check_rollback(migration)
             migration.pending, migration.paused = ROLLBACK, False
             version = await self._save(migration, version)
-            physical = await self._drop_target(migration)
+            version = await self._drop_target(migration, version)
             if not await self._wait_clients(migration, ack_timeout_s):
                 migration.record("paused", step=ROLLBACK, late_clients=migration.late_clients)
                 await self._save(migration, version)
                 return migration
-            if physical is not None:
-                await self.topics._delete_physical(migration.target_cluster, physical)
+            if migration.target_physical is not None:
+                self._record_moved(migration, await self._checkpoints_backward(migration))
+                with contextlib.suppress(ClusterNotFound):  # deregistered: nothing to delete
+                    await self.topics._delete_physical(
+                        migration.target_cluster, migration.target_physical
+                    )
+                migration.record("target_deleted", physical_topic=migration.target_physical)
             migration.state, migration.pending = State.ROLLED_BACK, None
             migration.record(State.ROLLED_BACK.value)
             await self._save(migration, version)
@@ -199,6 +229,7 @@ class MigrationService:
             existing = await self._target(migration)
             assert existing is not None, "the target epoch was just added"
         migration.target_epoch = existing.number
+        migration.target_physical = existing.physical_topic
 
     async def _seal_source(self, migration: Migration) -> None:
         """Seal the source two-phase: end offsets recorded once producers settled (durable)."""
@@ -226,8 +257,12 @@ class MigrationService:
             None,
         )
 
-    async def _drop_target(self, migration: Migration) -> str | None:
-        """Remove the target epoch's row (a version bump producers follow); its physical topic."""
+    async def _drop_target(self, migration: Migration, version: int) -> int:
+        """Remove the target epoch's row (a version bump producers follow), its name kept first.
+
+        Returns the migration row's new version (it is saved when the target's
+        number and physical topic were not recorded yet: a half-created target).
+        """
         vc, topic = migration.virtual_cluster, migration.topic
         row, epochs = await self.topics._active(vc, topic)
         target = next(
@@ -239,10 +274,84 @@ class MigrationService:
             None,
         )
         if target is None:
-            return None
-        version = await self.rt.db(self.rt.store.drop_epoch, vc, topic, row.version, target.number)
-        await self.rt.publish((vc, topic), version)
-        return target.physical_topic
+            return version
+        if (migration.target_epoch, migration.target_physical) != (
+            target.number,
+            target.physical_topic,
+        ):
+            migration.target_epoch = target.number
+            migration.target_physical = target.physical_topic
+            version = await self._save(migration, version)
+        metadata_version = await self.rt.db(
+            self.rt.store.drop_epoch, vc, topic, row.version, target.number
+        )
+        await self.rt.publish((vc, topic), metadata_version)
+        return version
+
+    # ---- group checkpoints --------------------------------------------------------------
+
+    async def _checkpoints_forward(self, migration: Migration) -> Moved:
+        """Idle groups' checkpoints on the sealed source move to the target (exact offsets)."""
+        if self.groups is None or migration.target_epoch is None:
+            return Moved()
+        vc, topic = migration.virtual_cluster, migration.topic
+        _row, epochs = await self.topics._active(vc, topic)
+        source = next(e for e in epochs if e.number == migration.source_epoch)
+        target = next(e for e in epochs if e.number == migration.target_epoch)
+        if source.end_offsets is None:  # the settle is owed: no exact offsets yet
+            return Moved(left={"*": "the source's end offsets are not recorded yet"})
+        ends = source.end_offsets
+        cluster = await self.topics._cluster(target.cluster)
+
+        async def scan(shard: int) -> Any:
+            return await scan_mirror(
+                self.rt,
+                cluster,
+                target.physical_topic,
+                shard,
+                source.number,
+                ends.get(shard, 0),
+            )
+
+        return await move_checkpoints(
+            self.groups, vc, topic, source.number, target.number, cached(scan), forward=True
+        )
+
+    async def _checkpoints_backward(self, migration: Migration) -> Moved:
+        """Every group's checkpoints on the dropped target return to the source (exact offsets)."""
+        if self.groups is None or migration.target_epoch is None:
+            return Moved()
+        assert migration.target_physical is not None
+        physical = migration.target_physical
+        try:
+            cluster = await self.topics._cluster(migration.target_cluster)
+        except ClusterNotFound:
+            cluster = None
+
+        async def scan(shard: int) -> Any:
+            if cluster is None:
+                return None
+            try:
+                return await scan_mirror(
+                    self.rt, cluster, physical, shard, migration.source_epoch, None
+                )
+            except TopicNotFound:  # deleted by an earlier try: its rows can only be dropped
+                return None
+
+        return await move_checkpoints(
+            self.groups,
+            migration.virtual_cluster,
+            migration.topic,
+            migration.target_epoch,
+            migration.source_epoch,
+            cached(scan),
+            forward=False,
+        )
+
+    @staticmethod
+    def _record_moved(migration: Migration, moved: Moved) -> None:
+        if moved.groups or moved.left:
+            migration.record("checkpoints_moved", **moved.to_json())
 
     async def _wait_clients(self, migration: Migration, timeout_s: float) -> bool:
         """True once every live client of the topic runs the current version; else names them."""

@@ -108,6 +108,12 @@ class CheckpointService:
         await self.invalidate(vc, group)
         await self.commit({(vc, group, topic, e, s): p for (e, s), p in values.items()})
 
+    async def drop_epoch(self, vc: str, group: str, topic: str, epoch: int) -> None:
+        """Delete the group's checkpoints of one epoch of ``topic`` (a rolled-back migration's
+        target: its rows would name an epoch that no longer exists)."""
+        await self.db(self.store.delete_group, vc, group, topic, epoch)
+        await self.invalidate(vc, group)
+
     async def list_groups(self, vc: str) -> list[str]:
         groups: list[str] = await self.db(self.store.list_groups, vc)
         return groups

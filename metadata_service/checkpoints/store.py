@@ -75,10 +75,16 @@ class CheckpointStore:
         with self.engine.connect() as connection:
             return {(r.topic, r.epoch, r.shard): r.position for r in connection.execute(query)}
 
-    def delete_group(self, vc: str, group: str, topic: str | None = None) -> int:
+    def delete_group(
+        self, vc: str, group: str, topic: str | None = None, epoch: int | None = None
+    ) -> int:
+        """Delete the group's rows: all, one topic's, or one topic's in one epoch."""
         where = [table.c.virtual_cluster == vc, table.c.group_name == group]
         if topic is not None:
             where.append(table.c.topic == topic)
+        if epoch is not None:
+            assert topic is not None, "an epoch is one topic's"
+            where.append(table.c.epoch == epoch)
         with self.engine.begin() as connection:
             return int(connection.execute(sa.delete(table).where(*where)).rowcount)
 
