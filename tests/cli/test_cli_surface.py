@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -94,3 +95,30 @@ def test_service_commands_share_their_options(args: list[str], options: list[str
     for option in options:
         assert option in result.stdout, (args, option)
     assert "-v," not in result.stdout  # -v is not the virtual cluster
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["topics", "add-epoch", "t", "--cluster", "c", "--state", "sealed"],
+        ["tokens", "create", "t", "--role", "root"],
+        ["produce", "t", "--input", "xml"],
+        ["produce", "t", "--input", "json", "--key-separator", ":"],
+        ["consume", "t", "--format", "%Z"],
+        ["consume", "t", "--format", "50%"],
+        ["consume", "t", "--format", "%v", "--json"],
+        ["topics", "alter", "t"],
+    ],
+)
+def test_closed_choices_and_bad_formats_are_usage_errors(args: list[str]) -> None:
+    """Refused before any service is asked (none runs here): exit 2, one message on stderr."""
+    env = {**os.environ, "XINFRA_METADATA_URL": "http://127.0.0.1:1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "xinfra.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode == 2, (args, result.stderr)
+    assert "Traceback" not in result.stderr

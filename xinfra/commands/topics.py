@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated, Any
 
 import typer
@@ -10,10 +11,17 @@ from rich.table import Table
 from xinfra.commands.options import JsonOption, TokenOption, UrlOption, VcOption, vc_name
 from xinfra.commands.output import emit, err, out, service_call
 from xinfra.errors import XinfraError
-from xinfra.model import PhysicalCluster, TopicMetadata
+from xinfra.model import EpochState, PhysicalCluster, TopicMetadata
 from xinfra.rest import MetadataClient
 
 app = typer.Typer(help="Virtual topics and their epochs.", no_args_is_help=True)
+
+
+class NewEpochState(enum.StrEnum):
+    """The states an added epoch may start in (``EpochState`` without ``sealed``)."""
+
+    ACTIVE = EpochState.ACTIVE.value
+    DUAL_WRITE = EpochState.DUAL_WRITE.value
 
 
 def _config(pairs: list[str] | None) -> dict[str, str]:
@@ -195,7 +203,9 @@ def add_epoch(
     name: str,
     cluster: Annotated[str, typer.Option(help="Physical cluster of the new epoch.")],
     shards: Annotated[int | None, typer.Option(help="Default: as the current epoch.")] = None,
-    state: Annotated[str, typer.Option(help="active or dual_write.")] = "active",
+    state: Annotated[NewEpochState, typer.Option(help="The new epoch's state.")] = (
+        NewEpochState.ACTIVE
+    ),
     no_seal: Annotated[
         bool, typer.Option("--no-seal", help="Keep the current epoch unsealed.")
     ] = False,
@@ -219,7 +229,7 @@ def add_epoch(
                 name,
                 cluster,
                 shards,
-                state,
+                state.value,
                 not no_seal,
                 _offsets(end_offset),
                 mirror_of,
