@@ -22,6 +22,7 @@ _spec.loader.exec_module(_clients_conftest)
 service_config = _clients_conftest.service_config
 live = _clients_conftest.live
 kafka = _clients_conftest.kafka
+second_kafka = _clients_conftest.second_kafka
 northguard = _clients_conftest.northguard
 tansu_deviations = _clients_conftest.tansu_deviations
 xfail_on = _clients_conftest.xfail_on
