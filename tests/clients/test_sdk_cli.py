@@ -15,6 +15,7 @@ from sdk_live import VC, LiveService, needs_kafka
 
 from xinfra.rest import MetadataClient
 from xinfra.services.ports import free_port
+from xinfra.services.process import ManagedProcess
 
 XINFRA = str(Path(sys.executable).with_name("xinfra"))
 
@@ -481,3 +482,22 @@ def test_topics_alter_merges_config_optimistically(
     assert alter("--config", "novalue").returncode == 2
     missing = run_with_flags(["topics", "alter", "nope", "--config", "a=b", *admin], tmp_path)
     assert missing.returncode == 1 and b"topic_not_found" in missing.stderr
+
+
+def test_offsets_of_a_stopped_cluster_exit_4(
+    live: LiveService, doomed_kafka: tuple[str, ManagedProcess], tmp_path: Path
+) -> None:
+    """The CLI's own backend call (not the service's) to a cluster that went away: exit 4."""
+    from sdk_live import ADMIN_TOKEN
+
+    cluster, process = doomed_kafka
+    with live.admin() as admin:
+        admin.create_topic(VC, "gone", cluster, 1)
+    process.stop()
+    result = run_with_flags(
+        ["topics", "offsets", "gone", "--url", live.url, "--token", ADMIN_TOKEN, "--vc", VC],
+        tmp_path,
+        timeout_s=120,
+    )
+    assert result.returncode == 4, result.stderr.decode()
+    assert b"backend_unavailable" in result.stderr
