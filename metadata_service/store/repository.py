@@ -49,7 +49,13 @@ def now_ms() -> int:
 
 
 def make_engine(database_url: str, pool_size: int = 16) -> Engine:
-    """An engine tuned per dialect: SQLite shared across threads (WAL), MySQL with a bounded pool."""
+    """An engine tuned per dialect: SQLite shared across threads (WAL), MySQL with a bounded pool.
+
+    No overflow connections on MySQL: one made on demand and dropped after its request
+    costs a TLS context (PyMySQL builds one per connection even when the server refuses
+    TLS: 27 ms here, holding the GIL, so every request of the instance stalls), and
+    under load overflow churns.  A request waits for a pooled connection instead.
+    """
     if database_url.startswith("sqlite"):
         engine = sa.create_engine(
             database_url,
@@ -70,7 +76,7 @@ def make_engine(database_url: str, pool_size: int = 16) -> Engine:
     return sa.create_engine(
         database_url,
         pool_size=pool_size,
-        max_overflow=pool_size,
+        max_overflow=0,
         pool_pre_ping=True,
         pool_recycle=3600,
         pool_timeout=10,
@@ -1107,6 +1113,13 @@ class MetadataStore:
                 sa.select(m.c.body, m.c.version).where(m.c.virtual_cluster == vc, m.c.topic == name)
             ).first()
         return None if row is None else (row.body, row.version)
+
+    def list_migrations(self) -> list[tuple[str, str, str]]:
+        """(virtual cluster, topic, body JSON) of every topic's current or last migration."""
+        m = t.migrations
+        with self.engine.connect() as c:
+            rows = c.execute(sa.select(m.c.virtual_cluster, m.c.topic, m.c.body)).all()
+        return [(r.virtual_cluster, r.topic, r.body) for r in rows]
 
     def put_migration(self, vc: str, name: str, body: str, expected_version: int | None) -> int:
         """Insert (``expected_version`` None) or compare-and-set the migration row; its new version."""
