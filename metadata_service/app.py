@@ -225,6 +225,9 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
     config = config or ServiceConfig.from_settings()
     services = build_services(config)
     group_service = build_groups(services.runtime)
+    migrations = MigrationService(
+        services.runtime, services.topics, services.registry, group_service
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -247,8 +250,10 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
             await services.settles.start()
             await group_service.start()
             purge = asyncio.create_task(services.registry.purge_forever(), name="client-purge")
+            await migrations.start()
             yield
         finally:
+            await migrations.stop()
             if purge is not None:
                 purge.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -276,9 +281,7 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
     app.state.services = services
     app.state.config = config
     app.state.groups = group_service
-    app.state.migrations = MigrationService(
-        services.runtime, services.topics, services.registry, group_service
-    )
+    app.state.migrations = migrations
     install_problem_handlers(app)
     app.add_exception_handler(NotCoordinator, groups.not_coordinator_response)
     for router in (health.router, clusters.router, topics.router, clients.router, admin.router):

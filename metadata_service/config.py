@@ -78,6 +78,9 @@ class ServiceConfig:
     """memory://, redis://host:port/db or couchbase://host/bucket?username=..&password=.."""
     checkpoint_flush_s: float = 0.005
     checkpoint_buffer_keys_max: int = 10_000
+    migration_orphan_check_s: float = 30.0
+    """How often the records past sealed Kafka sources' end offsets are counted (the gauge
+    ``xinfra_migration_orphaned_records``); 0 checks only when a status is asked."""
     backend_factory: BackendFactory = open_backend
 
     @classmethod

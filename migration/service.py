@@ -15,10 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from typing import Any
 
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 
 from metadata_service.groups import Groups
 from metadata_service.registry import RegistryService
@@ -35,10 +36,11 @@ from migration.machine import (
     next_state,
     plan,
 )
-from migration.orphans import find_orphans
+from migration.orphans import Orphans, find_orphans
 from xinfra.errors import ClusterNotFound, MigrationNotFound, StepOutOfOrder, TopicNotFound
 from xinfra.model import EpochState
 
+log = logging.getLogger(__name__)
 ACK_POLL_S = 0.05
 """How often a step re-reads the registry while it waits for clients."""
 
@@ -63,6 +65,59 @@ class MigrationService:
             ["vcluster", "topic", "epoch"],
             registry=runtime.metrics.registry,
         )
+        self.orphan_checks = Counter(
+            "xinfra_migration_orphan_checks",
+            "Passes of the periodic orphan check over every migrated topic.",
+            registry=runtime.metrics.registry,
+        )
+        self._watch: asyncio.Task[None] | None = None
+
+    # ---- lifecycle: the periodic orphan check -------------------------------------------
+
+    async def start(self) -> None:
+        """Count orphans every ``migration_orphan_check_s`` (0: only when a status is asked).
+
+        Why periodic: a record that lands past a sealed Kafka source's end
+        offsets is acknowledged to its producer and never delivered; an
+        operator must learn of it from the metrics without asking each topic.
+        Cost per pass: one end-offsets request per sealed Kafka epoch of a
+        migrated topic (``migration.orphans``), one topic at a time.
+        """
+        interval_s = self.rt.config.migration_orphan_check_s
+        if interval_s > 0 and self._watch is None:
+            self._watch = asyncio.get_running_loop().create_task(
+                self._watch_orphans(interval_s), name="migration-orphans"
+            )
+
+    async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+            self._watch = None
+
+    async def _watch_orphans(self, interval_s: float) -> None:
+        while True:
+            try:
+                await self.check_orphans()
+            except Exception as error:  # the store is down: the next pass tries again
+                log.warning("the periodic orphan check failed: %s", error)
+            await asyncio.sleep(interval_s)  # the period itself, not a wait for something
+
+    async def check_orphans(self) -> None:
+        """One pass: the gauge of every migrated topic whose source is sealed."""
+        for vc, topic, body in await self.rt.db(self.rt.store.list_migrations):
+            if json.loads(body)["state"] not in (State.CUT_OVER, State.COMPLETED):
+                continue  # the source is not sealed: nothing can be orphaned yet
+            try:
+                await self._gauge(vc, topic, await find_orphans(self.rt, vc, topic))
+            except TopicNotFound:
+                continue  # deleted since its migration
+        self.orphan_checks.inc()
+
+    async def _gauge(self, vc: str, topic: str, orphans: Orphans) -> None:
+        for epoch in orphans.epochs:
+            self.orphaned.labels(vc, topic, str(epoch.epoch)).set(epoch.records)
 
     # ---- persistence --------------------------------------------------------------------
 
@@ -80,8 +135,7 @@ class MigrationService:
         """The migration, with the records orphaned past its sealed Kafka epochs' end offsets."""
         migration = await self.get(vc, topic)
         orphans = await find_orphans(self.rt, vc, topic)
-        for epoch in orphans.epochs:
-            self.orphaned.labels(vc, topic, str(epoch.epoch)).set(epoch.records)
+        await self._gauge(vc, topic, orphans)
         return {**migration.to_json(), "orphaned": orphans.to_json()}
 
     async def _save(self, migration: Migration, version: int | None) -> int:
