@@ -1,8 +1,11 @@
 """Real services for the whole suite, started once per session when they are not already running.
 
-Each fixture calls the one function of ``xinfra.services`` that knows how to
-start its service; ``xinfra up`` calls the same functions.  Nothing here is a
-mock: a test that needs ZooKeeper gets a ZooKeeper server.
+Where a Docker engine answers, MySQL, ZooKeeper and Kafka come from containers
+(``containers.py``: real Apache Kafka for the contract suite).  Otherwise each
+fixture calls the one function of ``xinfra.services`` that knows how to start
+its service; ``xinfra up`` calls the same functions.  The run's header says
+which.  Nothing here is a mock: a test that needs ZooKeeper gets a ZooKeeper
+server.
 """
 
 from __future__ import annotations
@@ -13,10 +16,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from containers import (
+    engine_missing,
+    kafka_container,
+    mysql_container,
+    source,
+    zookeeper_container,
+)
 
 from xinfra.services.kafka import start_kafka
 from xinfra.services.mysql import MysqlServer, ensure_mysql
-from xinfra.services.process import ManagedProcess
 from xinfra.services.redis import ensure_redis
 from xinfra.services.zookeeper import start_zookeeper
 
@@ -32,26 +41,33 @@ def zookeeper(services_dir: Path) -> Iterator[str]:
     if existing := os.environ.get("XINFRA_TEST_ZOOKEEPER"):
         yield existing
         return
+    if engine_missing() is None:
+        with zookeeper_container() as connect:
+            yield connect
+        return
     process = start_zookeeper(services_dir / "zookeeper")
     yield process.url
     process.stop()
 
 
 @pytest.fixture(scope="session")
-def kafka_process(services_dir: Path) -> Iterator[ManagedProcess]:
+def kafka_bootstrap(services_dir: Path) -> Iterator[str]:
+    """The bootstrap ``host:port`` of a real Kafka-protocol broker: Apache Kafka, or tansu."""
+    if engine_missing() is None:
+        with kafka_container() as bootstrap:
+            yield bootstrap
+        return
     process = start_kafka(services_dir / "kafka")
-    yield process
+    yield process.url
     process.stop()
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap(kafka_process: ManagedProcess) -> str:
-    """The bootstrap ``host:port`` of a real Kafka-protocol broker (tansu)."""
-    return kafka_process.url
-
-
-@pytest.fixture(scope="session")
 def mysql_server(services_dir: Path) -> Iterator[MysqlServer]:
+    if engine_missing() is None:
+        with mysql_container() as container:
+            yield container
+        return
     server = ensure_mysql(services_dir)
     yield server
     server.stop()
@@ -71,3 +87,7 @@ def redis_url(services_dir: Path) -> Iterator[str]:
     yield url
     if process is not None:
         process.stop()
+
+
+def pytest_report_header() -> str:
+    return source()

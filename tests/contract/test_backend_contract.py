@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping
 
 import pytest
+from containers import KAFKA_IS_TANSU
 from contract_support import Broker, cluster
 
 from xinfra.backend import Backend, ProducerOptions, ShardReader, open_backend
@@ -36,7 +37,7 @@ WAIT_S = 30.0
 
 def tansu_deviation(request: pytest.FixtureRequest, kind: ClusterKind, deviation: str) -> None:
     """Mark the running test an expected failure on the Kafka param (tansu), naming why."""
-    if kind is ClusterKind.KAFKA:
+    if kind is ClusterKind.KAFKA and KAFKA_IS_TANSU:
         request.applymarker(
             pytest.mark.xfail(strict=True, reason=f"tansu 0.6.0 deviation: {deviation}")
         )

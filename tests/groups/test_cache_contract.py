@@ -1,8 +1,9 @@
 """One contract for every checkpoint cache adapter that can run here.
 
-Couchbase runs against ``XINFRA_TEST_COUCHBASE`` (default
-``couchbase://127.0.0.1/xinfra``) when a server answers there, and skips
-loudly otherwise (this machine has no Docker engine for testcontainers).
+Couchbase runs against ``XINFRA_TEST_COUCHBASE`` when it is set, else in a
+container where a Docker engine answers (``tests/containers.py``), else
+against ``couchbase://127.0.0.1/xinfra`` when a server answers there, and
+skips loudly otherwise (this project's CI machine has none of them).
 """
 
 from __future__ import annotations
@@ -10,32 +11,43 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from urllib.parse import urlsplit
 
 import pytest
+from containers import couchbase_container, engine_missing
 
 from metadata_service.checkpoints.cache import CheckpointCache, MemoryCache, RedisCache
 
 COUCHBASE_URL = os.environ.get("XINFRA_TEST_COUCHBASE", "couchbase://127.0.0.1/xinfra")
 
 
-def couchbase_cache() -> CheckpointCache:
-    host = urlsplit(COUCHBASE_URL).hostname or "127.0.0.1"
+@pytest.fixture(scope="session")
+def couchbase_url() -> Iterator[str]:
+    if "XINFRA_TEST_COUCHBASE" not in os.environ and engine_missing() is None:
+        with couchbase_container() as url:
+            yield url
+        return
+    yield COUCHBASE_URL
+
+
+def couchbase_cache(url: str) -> CheckpointCache:
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 11210
     try:  # the SDK waits seconds for a server that is not there: ask the port first
-        socket.create_connection((host, 11210), timeout=1).close()
+        socket.create_connection((host, port), timeout=1).close()
     except OSError as error:
         pytest.skip(
-            f"SKIPPED LOUDLY: no Couchbase server answers at {COUCHBASE_URL} ({error}); "
+            f"SKIPPED LOUDLY: no Couchbase server answers at {url} ({error}); "
             "set XINFRA_TEST_COUCHBASE to run the Couchbase adapter's contract"
         )
     try:
         from metadata_service.checkpoints.couchbase_cache import CouchbaseCache
 
-        return CouchbaseCache.from_url(COUCHBASE_URL)
+        return CouchbaseCache.from_url(url)
     except Exception as error:  # no SDK, no server: say so, loudly
         pytest.skip(
-            f"SKIPPED LOUDLY: no Couchbase server answers at {COUCHBASE_URL} ({type(error).__name__}: "
+            f"SKIPPED LOUDLY: no Couchbase server answers at {url} ({type(error).__name__}: "
             f"{str(error)[:200]}); set XINFRA_TEST_COUCHBASE to run the Couchbase adapter's contract"
         )
 
@@ -48,7 +60,7 @@ async def cache(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator
     elif request.param == "redis":
         adapter = RedisCache(redis_url, prefix=f"contract-{uuid.uuid4().hex[:8]}")
     else:
-        adapter = couchbase_cache()
+        adapter = couchbase_cache(request.getfixturevalue("couchbase_url"))
     yield adapter
     await adapter.close()
 
