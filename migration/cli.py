@@ -22,26 +22,20 @@ from rich.markup import escape
 from rich.table import Table
 
 from migration.machine import FINISHED, State
+from xinfra.commands.options import JsonOption, TokenOption, UrlOption, VcOption, vc_name
 from xinfra.commands.output import emit, err, out, service_call
 from xinfra.errors import MigrationNotFound, Unavailable, XinfraError, error_from_code
 from xinfra.model import NAME_PATTERN
 from xinfra.rest import MetadataClient
-from xinfra.settings import get_settings
 
 app = typer.Typer(help="Migrate a topic between physical clusters, live.", no_args_is_help=True)
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
-VcOption = Annotated[
-    str | None,
-    typer.Option("--vcluster", "-v", help="Virtual cluster (default: XINFRA_VIRTUAL_CLUSTER)."),
-]
 AckOption = Annotated[
     float, typer.Option("--ack-timeout", help="Seconds to wait for clients before pausing.")
 ]
 
 
 def _path(vcluster: str | None, topic: str, step: str = "") -> str:
-    vc = vcluster or get_settings().virtual_cluster
-    return f"/v1/vclusters/{vc}/topics/{topic}/migration{step}"
+    return f"/v1/vclusters/{vc_name(vcluster)}/topics/{topic}/migration{step}"
 
 
 def _show(migration: dict[str, Any]) -> None:
@@ -92,10 +86,12 @@ def plan(
     to: Annotated[str, typer.Option("--to", help="The target physical cluster.")],
     shards: Annotated[int | None, typer.Option(help="Must equal the source's count.")] = None,
     vcluster: VcOption = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Plan the migration of TOPIC to cluster --to (nothing changes for clients yet)."""
-    with service_call() as client:
+    with service_call(url, token) as client:
         body = client.request(
             "POST", _path(vcluster, topic), json={"target_cluster": to, "shards": shards}
         )
@@ -106,11 +102,13 @@ def plan(
 def start(
     topic: str,
     vcluster: VcOption = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
     ack_timeout: AckOption = 30.0,
     as_json: JsonOption = False,
 ) -> None:
     """Create the target epoch and start dual writes."""
-    with service_call() as client:
+    with service_call(url, token) as client:
         body = _advance(client, _path(vcluster, topic), State.DUAL_WRITE, ack_timeout)
     emit(body, as_json, _show)
 
@@ -122,11 +120,13 @@ def advance(
         State | None, typer.Option(help="Refuse unless this is the state the step leads to.")
     ] = None,
     vcluster: VcOption = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
     ack_timeout: AckOption = 30.0,
     as_json: JsonOption = False,
 ) -> None:
     """Perform the next step (or resume the interrupted one)."""
-    with service_call() as client:
+    with service_call(url, token) as client:
         body = _advance(client, _path(vcluster, topic), expect, ack_timeout)
     emit(body, as_json, _show)
 
@@ -135,11 +135,13 @@ def advance(
 def rollback(
     topic: str,
     vcluster: VcOption = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
     ack_timeout: AckOption = 30.0,
     as_json: JsonOption = False,
 ) -> None:
     """Back to the source alone (possible until dual writes stop)."""
-    with service_call() as client:
+    with service_call(url, token) as client:
         body = client.request(
             "POST",
             _path(vcluster, topic, "/rollback"),
@@ -150,9 +152,15 @@ def rollback(
 
 
 @app.command()
-def status(topic: str, vcluster: VcOption = None, as_json: JsonOption = False) -> None:
+def status(
+    topic: str,
+    vcluster: VcOption = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
     """The migration's state, pending step, late clients and history."""
-    with service_call() as client:
+    with service_call(url, token) as client:
         body = client.request("GET", _path(vcluster, topic))
     emit(body, as_json, _show)
 
@@ -263,6 +271,8 @@ def run(
         int, typer.Option("--parallel", min=1, max=64, help="Topics migrated at once.")
     ] = 1,
     vcluster: VcOption = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
     ack_timeout: AckOption = 30.0,
     timeout: Annotated[
         float, typer.Option(help="Give up (exit 1) after this many seconds.")
@@ -283,7 +293,7 @@ def run(
     progress = _Progress(topics)
 
     def one(name: str) -> dict[str, Any]:
-        with MetadataClient() as client:
+        with MetadataClient(url, token=token) as client:
             result = _run_one(client, vcluster, name, to, ack_timeout, deadline, progress)
         progress.finish(name, result)
         if not as_json:

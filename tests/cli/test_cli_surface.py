@@ -86,6 +86,8 @@ def test_unknown_command_is_a_usage_error() -> None:
         (["clients", "list"], ["--url", "--token", "--vc", "--json"]),
         (["produce"], ["--url", "--token", "--vc", "--json", "--input", "--base64"]),
         (["consume"], ["--url", "--token", "--vc", "--json", "--format", "--base64"]),
+        (["migrate", "run"], ["--url", "--token", "--vc", "--json"]),
+        (["migrate", "status"], ["--url", "--token", "--vc", "--json"]),
     ],
 )
 def test_service_commands_share_their_options(args: list[str], options: list[str]) -> None:
