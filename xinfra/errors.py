@@ -72,6 +72,13 @@ class Forbidden(XinfraError):
     http_status = 403
 
 
+class Unauthorized(Forbidden):
+    """A Northguard broker refused the connection's credential (missing, forged, expired) or
+    an operation outside its scope; fetch fresh metadata (a new credential) or fix the scope."""
+
+    code = "unauthorized"
+
+
 class NotFound(XinfraError):
     code = "not_found"
     http_status = 404

@@ -5,22 +5,42 @@ Shard *i* of a physical topic is its *i*-th current range in keyspace order
 and Northguard ranges line up.  Bootstrap is ``host:port`` (the first of a
 comma-separated list is used; any broker proxies metadata requests).
 ``attributes['request_timeout_s']`` overrides the settings' request timeout.
+
+Credentials (``backends.northguard.credentials``): a cluster whose attributes
+hold the cluster secret (``northguard.secret``: the metadata service's own,
+resolved backend) signs itself an admin credential for every topic, renewed
+before it expires; a client's cluster instead carries the credential the
+service issued (``northguard.auth``), replaced by ``update_credential`` when
+newer metadata brings a fresh one.  Every connection asks for the current one
+when it opens and when it must re-authenticate.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 
 from backends.northguard.client.admin import AdminClient, TopicView
 from backends.northguard.client.blocking import request_blocking
 from backends.northguard.client.producer import NorthguardProducer
 from backends.northguard.client.reader import NorthguardReader
+from backends.northguard.credentials import (
+    ADMIN,
+    ALL_TOPICS,
+    AUTH_ATTRIBUTE,
+    OPERATIONS,
+    SECRET_ATTRIBUTE,
+    sign,
+)
 from backends.northguard.runtime import RealRuntime, Runtime
 from xinfra.backend import Backend, ProducerOptions, ReaderOptions, ShardProducer, ShardReader
 from xinfra.errors import BackendUnavailable, InvalidRequest
 from xinfra.keyspace import KeyRange, check_covering
 from xinfra.model import ClusterKind, PhysicalCluster, PhysicalTopicInfo
 from xinfra.settings import get_settings
+
+ADMIN_CREDENTIAL_TTL_S = 900.0
+"""Lifetime of the admin credential a backend holding the cluster secret signs itself."""
 
 
 class NorthguardBackend(Backend):
@@ -32,10 +52,30 @@ class NorthguardBackend(Backend):
         timeout = cluster.attributes.get("request_timeout_s")
         self.request_timeout_s = float(timeout) if timeout else get_settings().request_timeout_s
         self._runtime = runtime or RealRuntime()
-        self._admin = AdminClient(self._runtime, self.address, self.request_timeout_s)
+        secret = cluster.attributes.get(SECRET_ATTRIBUTE)
+        self._secret = secret.encode() if secret else None
+        self._credential = cluster.attributes.get(AUTH_ATTRIBUTE)
+        self._signed_s = 0.0
+        self._admin = AdminClient(
+            self._runtime, self.address, self.request_timeout_s, self.credential
+        )
         self._producers: set[NorthguardProducer] = set()
         self._readers: set[NorthguardReader] = set()
         self._views: dict[str, TopicView] = {}  # topics this backend created or described
+
+    def credential(self) -> str | None:
+        """The credential a new connection presents now (None: the broker is open)."""
+        if self._secret is not None and time.time() - self._signed_s > ADMIN_CREDENTIAL_TTL_S / 2:
+            self._signed_s = time.time()
+            self._credential = sign(
+                self._secret, f"backend:{ADMIN}", ALL_TOPICS, OPERATIONS, ADMIN_CREDENTIAL_TTL_S
+            )
+        return self._credential
+
+    def update_credential(self, credential: str | None) -> None:
+        """Use ``credential`` (fresher topic metadata's) from the next (re)authentication on."""
+        if credential is not None and self._secret is None:
+            self._credential = credential
 
     async def check(self) -> None:
         try:
@@ -89,17 +129,28 @@ class NorthguardBackend(Backend):
         view = self._views.get(topic)
         if view is None:
             view = TopicView.from_json(
-                request_blocking(self.address, "topic_metadata", self.request_timeout_s, name=topic)
+                request_blocking(
+                    self.address,
+                    "topic_metadata",
+                    self.request_timeout_s,
+                    credential=self.credential(),
+                    name=topic,
+                )
             )
         producer = NorthguardProducer(
-            self._runtime, self.address, view, options or ProducerOptions()
+            self._runtime, self.address, view, options or ProducerOptions(), self.credential
         )
         self._producers.add(producer)
         return producer
 
     def reader(self, topic: str, options: ReaderOptions | None = None) -> ShardReader:
         reader = NorthguardReader(
-            self._runtime, self.address, topic, options or ReaderOptions(), self.request_timeout_s
+            self._runtime,
+            self.address,
+            topic,
+            options or ReaderOptions(),
+            self.request_timeout_s,
+            self.credential,
         )
         self._readers.add(reader)
         return reader

@@ -6,6 +6,7 @@ backends.northguard.broker`` runs the ``broker`` command alone.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -13,6 +14,7 @@ import typer
 
 from backends.northguard.broker.main import run_broker
 from backends.northguard.broker.server import BrokerConfig
+from backends.northguard.credentials import SECRET_ENV, check_secret
 from xinfra.settings import get_settings
 
 DATA_DIR = Path(".xinfra/northguard")
@@ -28,6 +30,20 @@ def _attributes(values: list[str]) -> dict[str, str]:
             raise typer.BadParameter(f"attribute {item!r} is not key=value")
         attributes[key] = value
     return attributes
+
+
+def _secret(path: Path | None) -> bytes | None:
+    """The cluster secret from a file (not argv: ``ps`` shows argv) or the environment."""
+    if path is not None:
+        value = path.read_bytes().rstrip(b"\n")
+    elif os.environ.get(SECRET_ENV):
+        value = os.environ[SECRET_ENV].encode()
+    else:
+        return None
+    try:
+        return check_secret(value)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
 
 
 @app.command("broker")
@@ -50,6 +66,13 @@ def broker(
         "refused at start when not well under the limit).",
     ),
     log_level: str = typer.Option("INFO", help="Logging level."),
+    secret_file: Annotated[
+        Path | None,
+        typer.Option(
+            help=f"File holding the cluster secret (else ${SECRET_ENV}); with one, every "
+            "connection must present a credential signed with it. Without: open to anyone."
+        ),
+    ] = None,
 ) -> None:
     """Run one Northguard broker until SIGTERM or Ctrl-C."""
     settings = get_settings()
@@ -68,6 +91,7 @@ def broker(
         group_commit_records_max=settings.group_commit_records_max,
         frame_bytes_max=settings.frame_bytes_max,
         descriptors_max=descriptors_max or None,
+        secret=_secret(secret_file),
     )
     run_broker(config, log_level)
 

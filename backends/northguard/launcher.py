@@ -9,10 +9,12 @@ the same port and data directory again.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from backends.northguard.credentials import SECRET_ENV
 from xinfra.services.ports import free_port, port_open
 from xinfra.services.process import ManagedProcess
 
@@ -44,8 +46,13 @@ def start_northguard_broker(
     extra_args: list[str] | None = None,
     log_path: Path | None = None,
     timeout_s: float = START_TIMEOUT_S,
+    secret: str | None = None,
 ) -> NorthguardProcess:
-    """Start one broker on ``port`` (a free one when None) and wait until it serves."""
+    """Start one broker on ``port`` (a free one when None) and wait until it serves.
+
+    ``secret``: the cluster secret, passed in the child's environment (never its argv);
+    the broker then requires credentials.  None: the broker inherits this environment.
+    """
     port = port or free_port()
     http_port = http_port or free_port()
     argv = [
@@ -73,6 +80,7 @@ def start_northguard_broker(
         port=port,
         http_port=http_port,
         data_dir=data_dir,
+        env=None if secret is None else {**os.environ, SECRET_ENV: secret},
     )
     process.start()
     process.wait_ready(lambda: port_open("127.0.0.1", port), timeout_s=timeout_s)

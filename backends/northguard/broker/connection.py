@@ -7,6 +7,21 @@ topic, sealed range, corrupt batch, window overrun) fails only that stream
 with a STREAM_ERROR.  Every task a connection starts is owned by it and
 cancelled when it closes.
 
+Authentication: a broker started with a cluster secret serves a connection
+only after an ``authenticate`` request carrying a credential
+(``backends.northguard.credentials``).  It is a unary request rather than a
+new frame type so old decoders and the fuzz corpus stay valid, and it is
+handled synchronously in frame order: a client may pipeline it with the
+requests and stream opens that follow.  Every later request and stream open is
+authorized against the credential's ops and scope, with the broker's clock for
+expiry (produce: write; consume, list, describe: read; create, delete, seal,
+split, merge: admin); ``list_topics`` lists the scope only.  A refusal is an
+``unauthorized`` error response (or STREAM_ERROR) at once, never a hang; the
+connection stays open so the client can authenticate again with a fresh
+credential (a connection may re-authenticate at any time).  ``ping`` is
+answered without a credential (it reveals the broker id only).  Streams are
+authorized when opened and are not cut when the credential later expires.
+
 Bounds: ``STREAMS_PER_CONNECTION_MAX`` streams, ``REQUESTS_INFLIGHT_MAX``
 unary requests in flight, and ``WRITE_BUFFER_BYTES_MAX`` bytes queued for the
 socket before the connection stops reading (back-pressure on a slow client).
@@ -17,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 from backends.northguard import protocol
@@ -25,7 +41,8 @@ from backends.northguard.broker.coordinator import Coordinator
 from backends.northguard.broker.fields import int_field, str_field
 from backends.northguard.broker.metrics import BrokerMetrics
 from backends.northguard.broker.produce_session import PRODUCE_WINDOW_BYTES_MAX, ProduceSession
-from backends.northguard.broker.requests import handle_request
+from backends.northguard.broker.requests import handle_request, operation_of
+from backends.northguard.credentials import READ, WRITE, Claims, verify
 from backends.northguard.protocol import MsgType
 from xinfra.errors import (
     Backpressure,
@@ -33,6 +50,7 @@ from xinfra.errors import (
     OffsetOutOfRange,
     ProtocolError,
     StorageError,
+    Unauthorized,
     XinfraError,
 )
 
@@ -52,8 +70,11 @@ class BrokerConnection:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         frame_bytes_max: int,
+        secret: bytes | None = None,
     ) -> None:
         self._coordinator = coordinator
+        self._secret = secret
+        self._claims: Claims | None = None  # None with a secret: not authenticated yet
         self._metrics = metrics
         self._reader = reader
         self._writer = writer
@@ -160,7 +181,11 @@ class BrokerConnection:
                     self._stream_error(stream_id, error)
         elif kind is MsgType.REQUEST:
             correlation, payload = protocol.decode_json(item.body)
-            if len(self._tasks) >= REQUESTS_INFLIGHT_MAX:
+            if payload.get("op") == "authenticate":
+                self._write(
+                    protocol.encode_json(MsgType.RESPONSE, correlation, self._authenticate(payload))
+                )
+            elif len(self._tasks) >= REQUESTS_INFLIGHT_MAX:
                 busy = Backpressure(f"more than {REQUESTS_INFLIGHT_MAX} requests in flight")
                 self._write(
                     protocol.encode_json(
@@ -187,10 +212,39 @@ class BrokerConnection:
         else:
             raise ProtocolError(f"a client does not send {kind.name} messages")
 
+    def _authenticate(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Verify a credential and adopt it; a refused one also drops the previous one."""
+        if self._secret is None:
+            return {"result": {"principal": None}}
+        try:
+            self._claims = None
+            self._claims = verify(self._secret, payload.get("credential"), time.time())  # type: ignore[arg-type]
+        except Unauthorized as error:
+            log.warning("refused a credential from %s: %s", self.peer, error.message)
+            self._metrics.errors.labels(error.code).inc()
+            return protocol.error_payload(error)
+        claims = self._claims
+        return {"result": {"principal": claims.principal, "expires_s": claims.expires_s}}
+
+    def _authorize(self, operation: str | None, topic: str | None) -> None:
+        """Raise ``Unauthorized`` unless this connection may do ``operation`` (None: anyone may)."""
+        if self._secret is None or operation is None:
+            return
+        if self._claims is None:
+            raise Unauthorized(
+                "this Northguard broker requires a credential: send an authenticate request "
+                "first (the metadata service issues credentials with topic metadata)"
+            )
+        self._claims.authorize(operation, topic, time.time())
+
     async def _request(self, correlation: int, payload: dict[str, Any]) -> None:
         op = str(payload.get("op"))
         try:
+            name = payload.get("name")
+            self._authorize(operation_of(op), name if isinstance(name, str) else None)
             result = await handle_request(self._coordinator, payload)
+            if op == "list_topics" and self._claims is not None:
+                result = {"topics": [t for t in result["topics"] if self._claims.covers(t)]}
             self._metrics.requests.labels(op if len(op) < 40 else "other").inc()
             response: dict[str, Any] = {"result": result}
         except XinfraError as error:
@@ -225,6 +279,7 @@ class BrokerConnection:
 
     def _open_produce(self, stream_id: int, payload: dict[str, Any]) -> None:
         topic, range_id = str_field(payload, "topic"), int_field(payload, "range_id")
+        self._authorize(WRITE, topic)
         window = int_field(payload, "window_bytes", low=1, default=PRODUCE_WINDOW_BYTES_MAX)
         window = min(window, PRODUCE_WINDOW_BYTES_MAX)
         producer_id = int_field(payload, "producer_id")
@@ -255,6 +310,7 @@ class BrokerConnection:
 
     def _open_consume(self, stream_id: int, payload: dict[str, Any]) -> None:
         topic, range_id = str_field(payload, "topic"), int_field(payload, "range_id")
+        self._authorize(READ, topic)
         offset = int_field(payload, "offset", high=(1 << 63) - 1)
         window = int_field(payload, "window_bytes", low=1, high=protocol.CONSUME_WINDOW_BYTES_MAX)
         range_log = self._coordinator.range_log(topic, range_id)

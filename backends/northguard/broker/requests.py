@@ -13,6 +13,7 @@ from typing import Any
 
 from backends.northguard.broker.coordinator import Coordinator
 from backends.northguard.broker.fields import int_field, list_field, str_field
+from backends.northguard.credentials import ADMIN, READ
 from xinfra.errors import InvalidRequest
 from xinfra.keyspace import KeyRange, shard_ranges
 from xinfra.model import SHARD_COUNT_MAX
@@ -32,6 +33,28 @@ OPS = frozenset(
         "offset_for_timestamp",
     }
 )
+
+
+_OPERATION_OF: dict[str, str | None] = {
+    "ping": None,
+    "list_topics": READ,
+    "topic_metadata": READ,
+    "segment_metadata": READ,
+    "offset_for_timestamp": READ,
+    "create_topic": ADMIN,
+    "delete_topic": ADMIN,
+    "seal_topic": ADMIN,
+    "seal_segment": ADMIN,
+    "split_range": ADMIN,
+    "merge_ranges": ADMIN,
+}
+assert _OPERATION_OF.keys() == OPS
+
+
+def operation_of(op: str) -> str | None:
+    """The credential operation ``op`` needs (None: none, ``ping``); unknown ops need admin,
+    so a refusal comes before the ``unknown op`` answer and reveals nothing."""
+    return _OPERATION_OF.get(op, ADMIN)
 
 
 async def handle_request(coordinator: Coordinator, request: dict[str, Any]) -> dict[str, Any]:

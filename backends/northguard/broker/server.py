@@ -22,6 +22,7 @@ from backends.northguard.broker.http import HealthServer
 from backends.northguard.broker.journal import FileJournal
 from backends.northguard.broker.metrics import BrokerMetrics
 from backends.northguard.broker.store_keeper import StoreKeeper
+from backends.northguard.credentials import SECRET_ENV
 from backends.northguard.protocol import FRAME_BYTES_MAX
 from backends.northguard.runtime import RealRuntime, Runtime
 from backends.northguard.store import FpsStore, MemoryStore, SegmentStore
@@ -46,6 +47,7 @@ class BrokerConfig:
     frame_bytes_max: int = FRAME_BYTES_MAX
     maintenance_s: float = 1.0
     descriptors_max: int | None = None  # segment file pool bound; None: from RLIMIT_NOFILE
+    secret: bytes | None = None  # cluster secret: every connection must authenticate; None: open
 
 
 class Broker:
@@ -76,6 +78,14 @@ class Broker:
         self._stopped = asyncio.Event()
         self.port = config.port
         self.http_port: int | None = None
+        if config.secret is None:
+            log.warning(
+                "NORTHGUARD BROKER %s STARTED WITHOUT A SECRET: ANY CONNECTION MAY LIST, READ, "
+                "WRITE, CREATE, SEAL AND DELETE EVERY TOPIC. Set %s (or --secret-file) to "
+                "require credentials.",
+                config.broker_id,
+                SECRET_ENV,
+            )
 
     def _make_store(self) -> SegmentStore:
         config = self.config
@@ -127,7 +137,12 @@ class Broker:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         connection = BrokerConnection(
-            self.coordinator, self.metrics, reader, writer, self.config.frame_bytes_max
+            self.coordinator,
+            self.metrics,
+            reader,
+            writer,
+            self.config.frame_bytes_max,
+            self.config.secret,
         )
         self._connections.add(connection)
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from backends.northguard.client.connection import ClientConnection
+from backends.northguard.client.connection import ClientConnection, CredentialSource
 from backends.northguard.runtime import Runtime
 from xinfra.errors import ShardOutOfRange
 from xinfra.keyspace import KeyRange
@@ -62,8 +62,15 @@ class TopicView:
 class AdminClient:
     """Unary requests to one broker over a lazily (re)opened connection."""
 
-    def __init__(self, runtime: Runtime, address: str, timeout_s: float) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        address: str,
+        timeout_s: float,
+        credential_source: CredentialSource | None = None,
+    ) -> None:
         self._runtime = runtime
+        self._credential_source = credential_source
         self.address = address
         self.timeout_s = timeout_s
         self._connection: ClientConnection | None = None
@@ -71,7 +78,10 @@ class AdminClient:
     async def connection(self) -> ClientConnection:
         if self._connection is None or self._connection.closed:
             self._connection = await ClientConnection.open(
-                self._runtime, self.address, self.timeout_s
+                self._runtime,
+                self.address,
+                self.timeout_s,
+                credential_source=self._credential_source,
             )
         return self._connection
 

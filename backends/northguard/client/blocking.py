@@ -17,11 +17,20 @@ from backends.northguard.protocol import MsgType
 from xinfra.errors import BackendUnavailable, ProtocolError, Timeout
 
 
-def request_blocking(address: str, op: str, timeout_s: float, **arguments: Any) -> dict[str, Any]:
+def request_blocking(
+    address: str, op: str, timeout_s: float, credential: str | None = None, **arguments: Any
+) -> dict[str, Any]:
+    """``op``'s result; with ``credential``, an ``authenticate`` is pipelined before it (its
+    answer is skipped: a refusal shows as the request's own ``unauthorized`` answer)."""
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
-            sock.sendall(protocol.encode_json(MsgType.REQUEST, 1, {"op": op, **arguments}))
+            hello = b""
+            if credential is not None:
+                hello = protocol.encode_json(
+                    MsgType.REQUEST, 0, {"op": "authenticate", "credential": credential}
+                )
+            sock.sendall(hello + protocol.encode_json(MsgType.REQUEST, 1, {"op": op, **arguments}))
             decoder = protocol.FrameDecoder()
             while True:
                 data = sock.recv(1 << 16)
@@ -30,7 +39,9 @@ def request_blocking(address: str, op: str, timeout_s: float, **arguments: Any) 
                 for item in decoder.feed(data):
                     if item.type not in (MsgType.RESPONSE, MsgType.ERROR):
                         raise ProtocolError(f"unexpected {item.type.name} answering a request")
-                    _, payload = protocol.decode_json(item.body)
+                    correlation, payload = protocol.decode_json(item.body)
+                    if item.type is MsgType.RESPONSE and correlation == 0:
+                        continue  # the authenticate answer
                     if "error" in payload:
                         raise error_of(payload)
                     result: dict[str, Any] = payload.get("result") or {}

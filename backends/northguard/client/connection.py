@@ -10,6 +10,13 @@ Frames sent in one turn of the event loop (several shards' batches sealed by
 the same tick, a credit and a request) leave in one socket write at the end
 of the turn: a write is a system call and a wake-up of the broker, the
 largest per-batch cost of a producer at a steady rate.
+
+Credentials: with a ``CredentialSource`` the connection authenticates first
+(``backends.northguard.credentials``), re-authenticates in band (pipelined
+before the next request or stream open) once its credential is within
+``REFRESH_AHEAD_S`` of expiry and the source has a newer one, and retries a
+request refused as ``unauthorized`` once after re-authenticating with a
+newer credential.
 """
 
 from __future__ import annotations
@@ -19,9 +26,11 @@ import contextlib
 import itertools
 import logging
 import struct
+import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
-from backends.northguard import protocol
+from backends.northguard import credentials, protocol
 from backends.northguard.protocol import MsgType
 from backends.northguard.runtime import Runtime
 from xinfra.errors import (
@@ -29,6 +38,7 @@ from xinfra.errors import (
     Backpressure,
     ProtocolError,
     Timeout,
+    Unauthorized,
     XinfraError,
     error_from_code,
 )
@@ -39,6 +49,11 @@ READ_CHUNK_BYTES = 1 << 20
 REQUESTS_INFLIGHT_MAX = 256
 WRITE_BUFFER_BYTES_MAX = 8 << 20
 _STREAM_ID = struct.Struct("<I")
+REFRESH_AHEAD_S = 60.0
+"""Re-authenticate this long before the connection's credential expires."""
+
+CredentialSource = Callable[[], str | None]
+"""The freshest credential for a cluster (None: the broker is open), asked at every (re)connect."""
 
 
 class StreamHandler(Protocol):
@@ -59,8 +74,12 @@ class ClientConnection:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         frame_bytes_max: int,
+        credential_source: CredentialSource | None = None,
     ) -> None:
         self.address = address
+        self._credential_source = credential_source
+        self._credential: str | None = None
+        self._credential_expires_s = float("inf")
         self._reader = reader
         self._writer = writer
         self._frame_bytes_max = frame_bytes_max
@@ -81,6 +100,7 @@ class ClientConnection:
         address: str,
         timeout_s: float,
         frame_bytes_max: int = protocol.FRAME_BYTES_MAX,
+        credential_source: CredentialSource | None = None,
     ) -> ClientConnection:
         host, _, port = address.rpartition(":")
         try:
@@ -89,7 +109,44 @@ class ClientConnection:
             raise BackendUnavailable(
                 f"cannot connect to Northguard broker {address}: {error or type(error).__name__}"
             ) from error
-        return cls(address, reader, writer, frame_bytes_max)
+        connection = cls(address, reader, writer, frame_bytes_max, credential_source)
+        credential = credential_source() if credential_source is not None else None
+        if credential is not None:
+            try:
+                await connection.authenticate(credential, timeout_s)
+            except BaseException:
+                await connection.close()
+                raise
+        return connection
+
+    async def authenticate(self, credential: str, timeout_s: float) -> None:
+        """Present ``credential``; ``Unauthorized`` when the broker refuses it."""
+        await self._request("authenticate", timeout_s, {"credential": credential})
+        self._adopt(credential)
+
+    def _adopt(self, credential: str) -> None:
+        self._credential = credential
+        self._credential_expires_s = credentials.expires_s(credential)
+
+    def _newer_credential(self) -> str | None:
+        source = self._credential_source
+        fresh = source() if source is not None else None
+        return fresh if fresh is not None and fresh != self._credential else None
+
+    def refresh_credential(self) -> None:
+        """Pipeline an ``authenticate`` with a newer credential when the current one is about to
+        expire: the broker handles frames in order, so what follows is authorized by it."""
+        if self._credential is None or time.time() < self._credential_expires_s - REFRESH_AHEAD_S:
+            return
+        fresh = self._newer_credential()
+        if fresh is not None:
+            correlation = next(self._correlations) & 0xFFFFFFFF  # its answer is not awaited
+            self.send(
+                protocol.encode_json(
+                    MsgType.REQUEST, correlation, {"op": "authenticate", "credential": fresh}
+                )
+            )
+            self._adopt(fresh)
 
     @property
     def closed(self) -> bool:
@@ -98,7 +155,24 @@ class ClientConnection:
     # -- requests --------------------------------------------------------------------------------
 
     async def request(self, op: str, timeout_s: float, **arguments: Any) -> dict[str, Any]:
-        """Send one unary request and return its result; raise the broker's error by its code."""
+        """Send one unary request and return its result; raise the broker's error by its code.
+
+        Refused as ``unauthorized`` (an expired credential), it is retried once after
+        authenticating with a newer credential from the source, if there is one.
+        """
+        self.refresh_credential()
+        try:
+            return await self._request(op, timeout_s, arguments)
+        except Unauthorized:
+            fresh = self._newer_credential()
+            if fresh is None:
+                raise
+            await self.authenticate(fresh, timeout_s)
+            return await self._request(op, timeout_s, arguments)
+
+    async def _request(
+        self, op: str, timeout_s: float, arguments: dict[str, Any]
+    ) -> dict[str, Any]:
         if self.failure is not None:
             raise self.failure
         if len(self._pending) >= REQUESTS_INFLIGHT_MAX:
@@ -125,6 +199,7 @@ class ClientConnection:
     def open_stream(self, handler: StreamHandler) -> int:
         if self.failure is not None:
             raise self.failure
+        self.refresh_credential()
         stream_id = next(self._stream_ids) & 0xFFFFFFFF
         self._streams[stream_id] = handler
         return stream_id

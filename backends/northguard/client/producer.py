@@ -43,7 +43,7 @@ from collections.abc import Sequence
 
 from backends.northguard.batch import encode_batch
 from backends.northguard.client.admin import TopicView
-from backends.northguard.client.connection import ClientConnection
+from backends.northguard.client.connection import ClientConnection, CredentialSource
 from backends.northguard.client.produce_stream import ProduceStream
 from backends.northguard.runtime import Runtime
 from xinfra.backend import ProducerOptions, ShardProducer
@@ -128,8 +128,10 @@ class NorthguardProducer(ShardProducer):
         address: str,
         topic: TopicView,
         options: ProducerOptions,
+        credential_source: CredentialSource | None = None,
     ) -> None:
         self._runtime = runtime
+        self._credential_source = credential_source
         self._address = address
         self._topic = topic
         self._options = options
@@ -340,7 +342,12 @@ class NorthguardProducer(ShardProducer):
             return self._connection
         if self._connecting is None:
             self._connecting = asyncio.ensure_future(
-                ClientConnection.open(self._runtime, self._address, self._options.request_timeout_s)
+                ClientConnection.open(
+                    self._runtime,
+                    self._address,
+                    self._options.request_timeout_s,
+                    credential_source=self._credential_source,
+                )
             )
         try:
             self._connection = await asyncio.shield(self._connecting)

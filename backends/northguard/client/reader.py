@@ -24,6 +24,7 @@ from itertools import repeat
 
 from backends.northguard.batch import check_batch, decode_batch
 from backends.northguard.client.admin import AdminClient, TopicView
+from backends.northguard.client.connection import CredentialSource
 from backends.northguard.client.consume_stream import ConsumeStream
 from backends.northguard.protocol import CONSUME_WINDOW_BYTES_MAX
 from backends.northguard.runtime import Runtime
@@ -42,11 +43,12 @@ class NorthguardReader(ShardReader):
         topic: str,
         options: ReaderOptions,
         timeout_s: float,
+        credential_source: CredentialSource | None = None,
     ) -> None:
         self._runtime = runtime
         self._topic_name = topic
         self._options = options
-        self._admin = AdminClient(runtime, address, timeout_s)
+        self._admin = AdminClient(runtime, address, timeout_s, credential_source)
         self._view: TopicView | None = None
         self._positions: dict[int, int] = {}
         self._streams: dict[int, ConsumeStream] = {}
