@@ -115,6 +115,8 @@ class TopicWatch:
         self._long_poll_s = long_poll_s
         self._task: asyncio.Task[None] | None = None
         self.changed = asyncio.Event()
+        self.listeners: list[Callable[[TopicMetadata], None]] = []
+        """Called with every adopted metadata (the backend pool refreshes credentials by it)."""
 
     @property
     def topic(self) -> str:
@@ -134,10 +136,21 @@ class TopicWatch:
             self._task = None
 
     def apply(self, metadata: TopicMetadata) -> None:
-        """Adopt a newer version (older or equal ones are ignored: versions only grow)."""
+        """Adopt a newer version (older ones are ignored: versions only grow).
+
+        The same version with other clusters (a re-signed Northguard credential) is adopted
+        silently: nothing a producer or consumer routes by changed, so nobody is woken.
+        """
+        if metadata.version == self.current.version and metadata.clusters != self.current.clusters:
+            self.current = metadata
+            for listener in self.listeners:
+                listener(metadata)
+            return
         if metadata.version <= self.current.version:
             return
         self.current = metadata
+        for listener in self.listeners:
+            listener(metadata)
         self.changed.set()
         self.changed = asyncio.Event()
 
@@ -149,7 +162,9 @@ class TopicWatch:
                     self.topic, self.current.version, self._long_poll_s
                 )
                 self.error = None
-                if newer is not None and newer.version > self.current.version:
+                if newer is not None and newer.version == self.current.version:
+                    self.apply(newer)  # the same topology, fresher credentials
+                elif newer is not None and newer.version > self.current.version:
                     self.apply(newer)
                     if self._settle is not None:
                         await self._settle(newer)

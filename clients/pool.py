@@ -2,9 +2,16 @@
 
 A consumer subscribed to topics on three clusters of one virtual cluster (the
 federation picture) holds three backends here, and no more.
+
+A cluster's ``northguard.auth`` attribute (the short-lived credential the
+service issues with topic metadata) is not part of its identity: a fresher
+one is handed to the open backend (``update_credential``) instead of opening
+another, so every later (re)connection of that backend presents it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from xinfra.backend import (
     Backend,
@@ -15,6 +22,17 @@ from xinfra.backend import (
     open_backend,
 )
 from xinfra.model import PhysicalCluster
+
+AUTH_ATTRIBUTE = "northguard.auth"
+"""The credential attribute (``backends.northguard.credentials.AUTH_ATTRIBUTE``; ``clients`` does
+not import a backend package)."""
+
+
+def _identity(cluster: PhysicalCluster) -> PhysicalCluster:
+    if AUTH_ATTRIBUTE not in cluster.attributes:
+        return cluster
+    attributes = {k: v for k, v in cluster.attributes.items() if k != AUTH_ATTRIBUTE}
+    return cluster.model_copy(update={"attributes": attributes})
 
 
 class BackendPool:
@@ -30,12 +48,27 @@ class BackendPool:
 
     def backend(self, cluster: PhysicalCluster) -> Backend:
         known = self._backends.get(cluster.name)
-        if (
-            known is None or known[0] != cluster
-        ):  # a cluster re-registered elsewhere gets a new backend
+        if known is not None and known[0] is not cluster:
+            credential = cluster.attributes.get(AUTH_ATTRIBUTE)
+            if _identity(known[0]) == _identity(cluster):
+                if credential != known[0].attributes.get(AUTH_ATTRIBUTE):
+                    update = getattr(known[1], "update_credential", None)
+                    if update is not None:
+                        update(credential)
+                known = (cluster, known[1])
+                self._backends[cluster.name] = known
+            else:  # a cluster re-registered elsewhere gets a new backend
+                known = None
+        if known is None:
             known = (cluster, open_backend(cluster))
             self._backends[cluster.name] = known
         return known[1]
+
+    def refresh(self, clusters: Iterable[PhysicalCluster]) -> None:
+        """Hand fresher credentials (newer metadata's clusters) to the backends already open."""
+        for cluster in clusters:
+            if cluster.name in self._backends:
+                self.backend(cluster)
 
     def producer(self, cluster: PhysicalCluster, physical_topic: str) -> ShardProducer:
         """The one shard producer of a physical topic: one per topic keeps per-shard order."""

@@ -287,6 +287,7 @@ class XinfraProducer:
                         settle=self._settle,
                         long_poll_s=self.options.long_poll_s,
                     )
+                    watch.listeners.append(lambda m: self.pool.refresh(m.clusters.values()))
                     watch.start()
                     self._watches[topic] = watch
                     with contextlib.suppress(XinfraError):

@@ -154,7 +154,8 @@ class ServiceSource:
             timeout_s=timeout_s + LONG_POLL_MARGIN_S,
         )
         metadata = TopicMetadata.model_validate(body)
-        return metadata if metadata.version > after_version else None
+        # The same version still matters to a client with credentials (re-signed by the service).
+        return metadata if metadata.version >= after_version else None
 
     async def acknowledge(self, topic: str, version: int) -> None:
         self._versions[topic] = max(version, self._versions.get(topic, 0))

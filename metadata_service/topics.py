@@ -28,6 +28,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from metadata_service.metadata_reader import MetadataReader
+from metadata_service.northguard_credentials import CredentialIssuer
 from metadata_service.runtime import Runtime
 from metadata_service.schemas import (
     EpochCreate,
@@ -69,6 +70,18 @@ def physical_topic_name(vcluster: str, topic: str, epoch: int) -> str:
     return f"{PHYSICAL_TOPIC_PREFIX}{vcluster[:100]}.{topic[:100]}.{digest}.{suffix}"
 
 
+def vc_scope(vcluster: str) -> str:
+    """The physical-topic name prefix of a virtual cluster (a Northguard credential's scope).
+
+    Names longer than ``physical_topic_name`` keeps whole share the first 100
+    characters: two virtual clusters that long with a common 100-character
+    prefix share one scope.
+    """
+    if len(vcluster) <= 100:
+        return f"{PHYSICAL_TOPIC_PREFIX}{vcluster}."
+    return f"{PHYSICAL_TOPIC_PREFIX}{vcluster[:100]}"
+
+
 log = logging.getLogger(__name__)
 
 Written = tuple[int, bytes, bool]
@@ -81,10 +94,16 @@ class TopicService:
         self.rt = runtime
         self.settles = settles
         self.reader = MetadataReader(runtime)
+        self.credentials = CredentialIssuer(runtime)
 
     # ---- reads --------------------------------------------------------------------------
 
     async def metadata_body(self, vc: str, name: str) -> tuple[int, bytes]:
+        """The serialized TopicMetadata a client gets: with Northguard credentials of ``vc``."""
+        version, body = await self._cached_body(vc, name)
+        return version, await self.credentials.add_to(vc, vc_scope(vc), body)
+
+    async def _cached_body(self, vc: str, name: str) -> tuple[int, bytes]:
         """The serialized TopicMetadata, from the cache when it is safe to use it."""
         key = (vc, name)
         notifier = self.rt.notifier
