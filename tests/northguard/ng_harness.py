@@ -7,6 +7,7 @@ import contextlib
 import socket
 import subprocess
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 from backends.northguard import protocol
 from backends.northguard.backend import NorthguardBackend
 from backends.northguard.broker.server import Broker, BrokerConfig
+from backends.northguard.launcher import NorthguardProcess
 from backends.northguard.protocol import Frame, MsgType
 from xinfra.backend import ShardReader
 from xinfra.model import ClusterKind, ConsumedRecord, PhysicalCluster
@@ -30,6 +32,19 @@ def backend_for(address: str, **attributes: str) -> NorthguardBackend:
             name="ng-test", kind=ClusterKind.NORTHGUARD, bootstrap=address, attributes=attributes
         )
     )
+
+
+def broker_metrics(process: NorthguardProcess) -> dict[str, float]:
+    """Every sample on a broker process's ``/metrics``, by name with its labels."""
+    url = f"http://127.0.0.1:{process.http_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
 
 
 async def in_process_broker(data_dir: Path, **overrides: Any) -> Broker:

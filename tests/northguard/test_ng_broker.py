@@ -64,10 +64,18 @@ async def test_the_broker_uses_the_fps_store_and_recovers_everything_after_a_res
     assert [s["segment_id"] for s in after["segments"]] == [
         s["segment_id"] for s in segments_before["segments"]
     ]
-    assert all(s["state"] == "sealed" for s in after["segments"])  # recovery sealed the active one
+    # Recovery kept the active segment active, at the end the store recovered
+    assert [s["state"] for s in after["segments"]] == [
+        s["state"] for s in segments_before["segments"]
+    ]
+    assert after["segments"][-1]["state"] == "active" and after["segments"][-1]["end_offset"] == 200
     producer = backend.producer("t", ProducerOptions(linger_ms=0))
-    assert await producer.send(1, records(1)) == [200]  # appends continue on a new segment
+    assert await producer.send(1, records(1)) == [200]  # appends continue in that segment
     await producer.close()
+    again = await admin.segment_metadata("t", view.ranges[1].range_id)
+    assert [s["segment_id"] for s in again["segments"]] == [
+        s["segment_id"] for s in after["segments"]
+    ]
     await reader.close()
     await admin.close()
     await backend.close()

@@ -31,7 +31,7 @@ from xinfra.model import Record
 from xinfra.services.ports import free_port, port_open
 
 FILE_LIMIT = 512
-RANGES = 2600  # one segment each per broker lifetime: 5,200 segments after a restart, 10x the limit
+RANGES = 2600  # two topics of a segment per range: 5,200 segments, 10x the limit
 WIDE_RANGES = 512
 
 
@@ -106,9 +106,9 @@ def limited_broker(tmp_path: Path) -> Iterator[LimitedBroker]:
         broker.stop()
 
 
-async def _write_every_range(address: str, generation: int) -> None:
+async def _write_every_range(address: str, generation: int, topic: str = "wide") -> None:
     backend = backend_for(address)
-    producer = backend.producer("wide", ProducerOptions(linger_ms=5))
+    producer = backend.producer(topic, ProducerOptions(linger_ms=5))
     try:
         await asyncio.gather(
             *(
@@ -130,9 +130,13 @@ async def test_a_broker_serves_ten_times_more_segments_than_its_file_limit(
     await admin.create_topic("wide", shard_ranges(RANGES))
     await admin.close()
     await _write_every_range(address, 1)
+    admin = backend_for(address)
+    await admin.seal_topic("wide")  # every segment sealed: read back through the pool
+    await admin.create_topic("wide-2", shard_ranges(RANGES))
+    await admin.close()
     await asyncio.to_thread(limited_broker.stop)
-    await asyncio.to_thread(limited_broker.start)  # every active segment is sealed by recovery
-    await _write_every_range(address, 2)  # a new segment in every range
+    await asyncio.to_thread(limited_broker.start)
+    await _write_every_range(address, 2, "wide-2")  # a new segment in every range
 
     metrics = limited_broker.metrics()
     assert metrics["northguard_store_segments"] == 2 * RANGES >= 10 * FILE_LIMIT
@@ -141,16 +145,17 @@ async def test_a_broker_serves_ten_times_more_segments_than_its_file_limit(
     assert limited_broker.open_descriptors() < FILE_LIMIT
 
     backend = backend_for(address)
-    reader = backend.reader("wide")
-    try:
-        reader.assign(dict.fromkeys(range(RANGES), 0))
-        records = await read_until(reader, 2 * RANGES, timeout_s=120)
-    finally:
-        await reader.close()
-        await backend.close()
-    by_shard: dict[int, list[bytes]] = {}
-    for record in records:
-        by_shard.setdefault(record.shard, []).append(record.value)
+    by_shard: dict[int, list[bytes | None]] = {}
+    for topic in ("wide", "wide-2"):
+        reader = backend.reader(topic)
+        try:
+            reader.assign(dict.fromkeys(range(RANGES), 0))
+            records = await read_until(reader, RANGES, timeout_s=120)
+        finally:
+            await reader.close()
+        for record in records:
+            by_shard.setdefault(record.shard, []).append(record.value)
+    await backend.close()
     assert by_shard == {s: [b"1/%d" % s, b"2/%d" % s] for s in range(RANGES)}
     assert limited_broker.metrics()["northguard_store_pool_descriptors"] <= bound
 

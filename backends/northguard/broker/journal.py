@@ -24,6 +24,7 @@ from typing import Any
 import crc32c
 
 from backends.northguard.runtime import File, Runtime
+from backends.northguard.store.sync_count import CountingDisk, SyncCount
 from xinfra.errors import CorruptData
 
 _RECORD = struct.Struct("<II")
@@ -37,6 +38,8 @@ class FileJournal:
 
     def __init__(self, runtime: Runtime, directory: Path) -> None:
         self._runtime = runtime
+        self.syncs = SyncCount()  # every fsync it makes (renames' directory syncs included)
+        self._disk = CountingDisk(runtime.disk, self.syncs, kind="journal")
         self._dir = directory
         self._log_path = directory / "journal.log"
         self._snapshot_path = directory / "snapshot"
@@ -47,7 +50,7 @@ class FileJournal:
 
     def load(self) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
         """Read the snapshot and the ops after it; cut a torn tail.  Called once, before serving."""
-        disk = self._runtime.disk
+        disk = self._disk
         disk.makedirs(self._dir)
         snapshot = self.read_snapshot()
         self._file = disk.open(self._log_path)
@@ -72,7 +75,7 @@ class FileJournal:
 
     def read_snapshot(self) -> dict[str, Any] | None:
         """The snapshot on disk, parsed (for a snapshot built off the event loop from it)."""
-        disk = self._runtime.disk
+        disk = self._disk
         if not disk.exists(self._snapshot_path):
             return None
         file = disk.open(self._snapshot_path, create=False)
@@ -88,7 +91,7 @@ class FileJournal:
     def write_snapshot_file(self, state: dict[str, Any]) -> int:
         """Write ``state`` to ``snapshot.tmp``, synced (blocking; no lock: appends go on); its size."""
         record = _encode(state)
-        disk = self._runtime.disk
+        disk = self._disk
         temporary = self._dir / "snapshot.tmp"
         disk.remove(temporary)
         file = disk.open(temporary)
@@ -111,7 +114,7 @@ class FileJournal:
             self._size = self._file.size()
 
     def _install_sync(self, log_file: File, upto_seq: int) -> File:
-        disk = self._runtime.disk
+        disk = self._disk
         disk.rename(self._dir / "snapshot.tmp", self._snapshot_path)
         ops, _good = _parse(log_file.pread(self._size, 0))
         later = [op for op in ops if int(op["seq"]) > upto_seq]
@@ -138,7 +141,7 @@ class FileJournal:
             self.ops_since_snapshot = 0
 
     def _snapshot_sync(self, log_file: File, record: bytes) -> None:
-        disk = self._runtime.disk
+        disk = self._disk
         temporary = self._dir / "snapshot.tmp"
         disk.remove(temporary)
         file = disk.open(temporary)
@@ -149,6 +152,11 @@ class FileJournal:
         disk.rename(temporary, self._snapshot_path)
         log_file.truncate(0)
         log_file.fsync()
+
+    @property
+    def fsyncs(self) -> int:
+        """fsync calls that returned since this journal was made: what a restart's recovery costs."""
+        return self.syncs.get("journal")
 
     def close(self) -> None:
         if self._file is not None:

@@ -41,7 +41,7 @@ async def _serve(config: BrokerConfig) -> None:
     start_s = time.monotonic() - started_s
     Gauge(
         "northguard_start_seconds",
-        "Time the last start took: store recovery, journal, sealing what a crash left active",
+        "Time the last start took: store recovery (WAL replay) and the metadata journal",
         registry=broker.metrics.registry,
     ).set(start_s)
     # What exists now (modules, recovered state) lives as long as the process: out of the

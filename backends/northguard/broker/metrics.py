@@ -54,9 +54,29 @@ class _StoreCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         stats = self._store.stats
         pool = self._store.pool
+        syncs = self._store.syncs
         for name, help_text, value in (
             ("northguard_store_flushes", "Group commits (flushes) done", stats.flushes),
-            ("northguard_store_fsyncs", "fsync calls made by flushes", stats.fsyncs),
+            (
+                "northguard_store_fsyncs",
+                "fsync calls the store made, every kind (WAL, segment files, directories, index)",
+                syncs.get(),
+            ),
+            (
+                "northguard_store_flush_fsyncs",
+                "fsync calls made inside flushes (the WAL's: one, three when it rolls)",
+                stats.fsyncs,
+            ),
+            (
+                "northguard_store_recovered_frames",
+                "WAL frames re-applied to segment files by the last open",
+                stats.recovered_frames,
+            ),
+            (
+                "northguard_store_adopted_frames",
+                "Frames found whole past a segment's synced end by the last open",
+                stats.adopted_frames,
+            ),
             ("northguard_store_flush_seconds", "Time spent in flushes", stats.flush_s_total),
             ("northguard_store_flushed_appends", "Appends made durable", stats.flushed_appends),
             ("northguard_store_flushed_records", "Records made durable", stats.flushed_records),
@@ -86,10 +106,19 @@ class _StoreCollector(Collector):
             ("northguard_store_pool_closes", "Idle segment files closed by the pool", pool.closes),
         ):
             yield CounterMetricFamily(name, help_text, value=value)
+        by_kind = CounterMetricFamily(
+            "northguard_store_file_fsyncs",
+            "fsync calls the store made, by kind of file, counted as each returned",
+            labels=["kind"],
+        )
+        for kind, count in syncs.by_kind().items():
+            if kind != "journal":
+                by_kind.add_metric([kind], count)
+        yield by_kind
         yield GaugeMetricFamily(
             "northguard_store_fsyncs_per_flush",
-            "fsyncs per flush since start (the WAL's: 1 whatever the segments written)",
-            stats.fsyncs / stats.flushes if stats.flushes else 0.0,
+            "Every fsync the store made per flush since start (checkpoints' segment syncs included)",
+            syncs.get() / stats.flushes if stats.flushes else 0.0,
         )
         buckets = []
         cumulative = 0
@@ -137,6 +166,11 @@ class _CoordinatorCollector(Collector):
         )
         yield CounterMetricFamily(
             "northguard_journal_ops", "Metadata ops made durable", c.journal_ops
+        )
+        yield CounterMetricFamily(
+            "northguard_journal_fsyncs",
+            "fsync calls of the metadata journal since start (writes, snapshots, cut tails)",
+            c.journal_fsyncs,
         )
         yield CounterMetricFamily("northguard_snapshots", "Metadata snapshots written", c.snapshots)
         yield GaugeMetricFamily(

@@ -19,7 +19,10 @@ one group commit carries many appends of many ranges.
 
 **Segments.**  The range appends to its active segment until it reaches the
 size or age limit, then ``roll`` waits for the in-flight appends, seals the
-segment at its durable end and asks the coordinator for a new one.  Appends
+segment at its durable end and asks the coordinator for a new one.  A log
+built after a restart continues the segment the previous process left active,
+from the end the store recovered (everything there is durable: the WAL was
+fsynced before any of it was acknowledged), so a restart seals nothing.  Appends
 that arrive meanwhile wait (bounded by the producers' windows and by
 ``WAITING_APPENDS_MAX``).  A failed append breaks the range's pipeline: every
 later in-flight append fails too (their offsets depended on it), and the next
@@ -106,9 +109,16 @@ class RangeLog:
         self.active: str | None = None
         self.active_created_ms = 0
         self._active_bytes = 0
-        if meta.segments:
-            last = segments[meta.segments[-1]]
-            assert last.state is State.SEALED, "recovery seals every active segment first"
+        last = segments[meta.segments[-1]] if meta.segments else None
+        if last is not None and last.state is State.ACTIVE:
+            # Left active by the previous process: continue it from the end the store recovered
+            # (what its WAL and file hold, all durable), with its age and size kept.
+            info = store.segment(last.segment_id)
+            self.active = last.segment_id
+            self.active_created_ms = last.created_ms
+            self._active_bytes = info.size_bytes
+            self.committed = info.end_offset
+        elif last is not None:
             assert last.end_offset is not None
             self.committed = last.end_offset
         else:

@@ -25,6 +25,15 @@ covered.  A flush's cost therefore does not grow with the ranges it writes
 (the sync of N segments is paid once a checkpoint, not once a flush), and an
 acknowledged append is always in a synced WAL file or a synced segment file.
 ``checkpoint()`` runs one on demand (and says whether the WAL could go).
+A checkpoint is due when its timer fires, whatever the clock says then
+(uvloop may fire a timer a millisecond early; refusing it left an idle
+store's WAL unreleased until the next write).
+
+**Counted, not computed.**  Every fsync the store makes goes through a
+``CountingDisk`` and is counted as it returns, by kind (``syncs``: WAL,
+segment files, directories, index); ``stats.fsyncs`` is what flushes made
+and ``stats.checkpoint_fsyncs`` what checkpoints made, each measured across
+its own step, so "fsyncs per flush" is what the disk was asked for.
 ``close`` checkpoints, so a clean restart has nothing to replay.  A delete
 checkpoints too, so the WAL never replays a deleted segment's frames into a
 segment re-created with its id (``create_segment`` of such an id waits for a
@@ -130,6 +139,7 @@ from backends.northguard.store.segment_meta import (
     check_segment_id,
     read_meta,
 )
+from backends.northguard.store.sync_count import CountingDisk, SyncCount
 from backends.northguard.store.wal import ReplayReport, WriteAheadLog, create_durably
 from xinfra.errors import (
     Conflict,
@@ -199,6 +209,10 @@ def _append_all(writes: dict[SegmentFile, bytes]) -> dict[SegmentFile, int | NoD
     return outcomes
 
 
+_LOCKED_SYNCS = ("wal", "directory", "index")
+"""The kinds of fsync made only under ``_lock`` (the segment files' run beside it, in checkpoints):
+their count across a step under the lock is that step's own."""
+
 FLUSH_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, float("inf"))
 
 
@@ -211,11 +225,11 @@ class FpsStoreStats:
     flushed_records: int = 0
     flushed_bytes: int = 0
     flush_s_total: float = 0.0
-    fsyncs: int = 0  # by flushes: the WAL's (one per flush)
+    fsyncs: int = 0  # by flushes, counted as made: the WAL's (one, three when it rolls)
     flush_appends_max: int = 0
     flush_s_buckets: list[int] = field(default_factory=lambda: [0] * len(FLUSH_SECONDS_BUCKETS))
     checkpoints: int = 0
-    checkpoint_fsyncs: int = 0  # segment files, the index, the WAL roll
+    checkpoint_fsyncs: int = 0  # counted as made: segment files, the index, the WAL roll
     checkpoint_s_total: float = 0.0
     segments_created: int = 0
     create_batches: int = 0
@@ -314,7 +328,8 @@ class FpsStore(SegmentStore):
         assert group_commit_ms >= 0 and group_commit_bytes_max > 0 and group_commit_records_max > 0
         assert queue_bytes_max >= group_commit_bytes_max and index_interval_bytes > 0
         self._runtime = runtime
-        self._disk = runtime.disk
+        self.syncs = SyncCount()  # every fsync the store makes, by kind, counted as it returns
+        self._disk = CountingDisk(runtime.disk, self.syncs)
         self.data_dir = data_dir
         self._segments_dir = data_dir / "segments"
         self._group_commit_s = group_commit_ms / 1000
@@ -336,6 +351,7 @@ class FpsStore(SegmentStore):
         self._dirty: set[str] = set()  # segments written since the last checkpoint
         self._dirty_since_s = 0.0
         self._checkpoint_timer: asyncio.TimerHandle | None = None
+        self._checkpoint_asked = False  # the timer fired: a checkpoint is due, whatever the clock
         self._create_queue: list[SegmentMeta] = []
         self._creating: dict[str, tuple[SegmentMeta, asyncio.Future[None]]] = {}
         self._creator: asyncio.Task[None] | None = None
@@ -778,7 +794,9 @@ class FpsStore(SegmentStore):
         create_durably(self._disk, self._segments_dir / "created.sync")  # the rename syncs the dir
         index = self._require_index()
         index.put_metas({meta.segment_id: meta.pack() for meta in metas})
-        index.sync()  # a meta never names a missing file; a file no meta names is an orphan
+        self._sync_index(
+            index
+        )  # a meta never names a missing file; a file no meta names is an orphan
 
     async def seal(self, segment_id: str, end_offset: int | None = None) -> SegmentInfo:
         segment = self._get(segment_id)
@@ -881,7 +899,9 @@ class FpsStore(SegmentStore):
     def _seal_blocking(self, items: list[tuple[_Segment, SegmentMeta]]) -> None:
         index = self._require_index()
         index.put_metas({meta.segment_id: meta.pack() for _, meta in items})
-        index.sync()  # durable first: recovery finishes a cut and ignores WAL frames past the seal
+        self._sync_index(
+            index
+        )  # durable first: recovery finishes a cut, ignores WAL frames past it
         for segment, meta in items:
             assert meta.sealed_end_position is not None
             if meta.sealed_end_position < segment.end_position:
@@ -935,7 +955,7 @@ class FpsStore(SegmentStore):
         sid = segment.meta.segment_id
         index = self._require_index()
         index.delete_segment(sid)  # its meta with it: it will not come back
-        index.sync()  # durable before the file goes: a meta never names a missing file
+        self._sync_index(index)  # durable before the file goes: a meta never names a missing file
         self.pool.forget(segment.file)
         self._disk.remove(self._segments_dir / (sid + SEGMENT_SUFFIX))
 
@@ -1076,8 +1096,9 @@ class FpsStore(SegmentStore):
         """Off the event loop, under ``_lock``: the group's frames to the WAL, fsynced: that is all
         an acknowledgement waits for (the segment files are written by ``_write_pending``)."""
         frames = [encode_frame(a.segment_id, a.base_offset, a.record_count, a.batch) for a in group]
+        before = self.syncs.get(*_LOCKED_SYNCS)
         self._wal.append(b"".join(frames))  # may roll: the retired file waits for a checkpoint
-        return _FlushResult(frames=frames, fsyncs=1)
+        return _FlushResult(frames=frames, fsyncs=self.syncs.get(*_LOCKED_SYNCS) - before)
 
     def _complete(self, group: list[_Append], result: _FlushResult, flush_s: float) -> None:
         for request, frame in zip(group, result.frames, strict=True):
@@ -1217,7 +1238,11 @@ class FpsStore(SegmentStore):
         self._dirty.add(segment_id)
 
     def _on_checkpoint_timer(self) -> None:
+        # Due now, even if the clock says a hair less: uvloop runs a timer from the time cached
+        # at its iteration's start, in whole ms, so it may fire early; a checkpoint refused then
+        # was never asked for again while nothing more was written.
         self._checkpoint_timer = None
+        self._checkpoint_asked = True
         self._wakeup.set()
 
     def _checkpoint_due(self) -> bool:
@@ -1226,7 +1251,8 @@ class FpsStore(SegmentStore):
         if self._wal.has_retired():
             return True
         return bool(self._dirty) and (
-            self._runtime.monotonic_s() - self._dirty_since_s >= self._checkpoint_s
+            self._checkpoint_asked
+            or self._runtime.monotonic_s() - self._dirty_since_s >= self._checkpoint_s
         )
 
     async def _checkpoint(self) -> bool:
@@ -1253,12 +1279,15 @@ class FpsStore(SegmentStore):
             return
         with contextlib.suppress(StorageError, Unavailable):  # fail-stop (logged by _fail); closing
             await self.checkpoint()
+        if self._checkpoint_asked:  # its timer fired while this one ran: the flusher looks again
+            self._wakeup.set()
 
     async def _checkpoint_begin(self) -> _Checkpoint:
         """Roll the WAL (every frame before it is in a segment file now) and take the dirty set."""
         if self._checkpoint_timer is not None:
             self._checkpoint_timer.cancel()
             self._checkpoint_timer = None
+        self._checkpoint_asked = False
         await self._write_pending()  # every frame the WAL holds now is then in a segment file
         dirty = [self._segments[sid] for sid in self._dirty if sid in self._segments]
         taken = _Checkpoint(
@@ -1277,14 +1306,16 @@ class FpsStore(SegmentStore):
 
     def _roll_wal(self) -> list[Path]:
         if self._wal.position:
+            before = self.syncs.get(*_LOCKED_SYNCS)
             self._wal.roll()
-            self.stats.checkpoint_fsyncs += 2  # the new file and the directory
+            self.stats.checkpoint_fsyncs += self.syncs.get(*_LOCKED_SYNCS) - before
         return self._wal.take_retired()
 
     async def _checkpoint_sync(self, taken: _Checkpoint) -> set[str]:
         """fsync the files, side by side; the segments no descriptor was left for are returned."""
         if not taken.dirty:
             return set()
+        before = self.syncs.get("segment")  # only checkpoints (one at a time) sync segment files
         try:
             skipped = await to_completion(
                 self._runtime.run_blocking(_fsync_all, [s.file for s in taken.dirty])
@@ -1293,6 +1324,7 @@ class FpsStore(SegmentStore):
             self._wal.retire(taken.covered)  # still needed: nothing is released
             self._redirty(taken.ends)
             raise self._fail(error, "syncing segment files") from error
+        self.stats.checkpoint_fsyncs += self.syncs.get("segment") - before
         paths = {file.path for file in skipped}
         return {s.meta.segment_id for s in taken.dirty if s.file.path in paths}
 
@@ -1310,7 +1342,6 @@ class FpsStore(SegmentStore):
             self._redirty(taken.ends)
             raise self._fail(error, "recording segment ends") from error
         self._redirty({sid: taken.ends[sid] for sid in skipped})
-        self.stats.checkpoint_fsyncs += len(ends) + 1
         self.stats.descriptor_refusals += len(skipped)
         self.stats.checkpoints += 1
         self.stats.checkpoint_s_total += self._runtime.monotonic_s() - taken.started_s
@@ -1321,11 +1352,17 @@ class FpsStore(SegmentStore):
     def _record_ends(self, ends: dict[str, SegmentEnd], covered: list[Path], keep: bool) -> None:
         index = self._require_index()
         index.write([], ends)
-        index.sync()
+        before = self.syncs.get(*_LOCKED_SYNCS)
+        self._sync_index(index)
+        self.stats.checkpoint_fsyncs += self.syncs.get(*_LOCKED_SYNCS) - before
         if keep:
             self._wal.retire(covered)  # still needed by the files not synced
         else:
             self._wal.remove(covered)
+
+    def _sync_index(self, index: OffsetIndex) -> None:
+        index.sync()
+        self.syncs.add("index")
 
     def _redirty(self, ends: dict[str, SegmentEnd]) -> None:
         for sid in ends:
@@ -1469,7 +1506,7 @@ class FpsStore(SegmentStore):
         if legacy:  # a data directory of the file-per-meta layout: move the metas into the index
             metas_read = [read_meta(disk, self._segments_dir / n) for n in legacy]
             index.put_metas({meta.segment_id: meta.pack() for meta in metas_read})
-            index.sync()
+            self._sync_index(index)
             for name in legacy:
                 disk.remove(self._segments_dir / name)
         metas = {sid: SegmentMeta.unpack(sid, packed) for sid, packed in index.metas().items()}
@@ -1536,7 +1573,7 @@ class FpsStore(SegmentStore):
                 )  # fmt: skip
         for segment in self._segments.values():
             segment.written_offset = segment.end_offset  # recovery wrote everything to the files
-        index.sync()  # from here on the WAL files are redundant
+        self._sync_index(index)  # from here on the WAL files are redundant
         for path in report.corrupt_files:
             disk.rename(path, path.with_name(path.name + ".corrupt"))  # kept for inspection
         self._wal.retire([path for path in wal_files if path not in report.corrupt_files])
