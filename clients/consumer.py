@@ -15,8 +15,9 @@ virtual seal) are never delivered: the end offsets in the metadata are the
 truth.
 
 Delivery is at least once: positions move when ``poll`` returns records, and
-``commit`` hands them to a ``CommitSink`` (the consumer-group issue plugs the
-service's checkpoint store in there).  Pause and resume are per shard.
+``commit_async`` queues them for a ``CommitSink`` (a consumer group's member
+sends them to the service's checkpoints); ``commit`` is ``commit_async``
+awaited.  Pause and resume are per shard.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import attrgetter
@@ -35,7 +38,7 @@ from clients.metadata import MetadataSource, TopicWatch, fetch_metadata
 from clients.outage import Outage
 from clients.pool import BackendPool
 from xinfra.backend import ReaderOptions, ShardReader
-from xinfra.errors import InvalidRequest, ShardOutOfRange, XinfraError
+from xinfra.errors import Backpressure, InvalidRequest, ShardOutOfRange, XinfraError
 from xinfra.model import (
     ConsumedRecord,
     Epoch,
@@ -50,6 +53,8 @@ from xinfra.model import (
 if TYPE_CHECKING:
     from clients.group import GroupMembership, RebalanceListener
 
+log = logging.getLogger(__name__)
+
 StartAt = Literal["earliest", "latest"]
 _SHARD_OF = attrgetter("shard")
 ACCEPT_CHUNK_RECORDS = 512
@@ -59,6 +64,8 @@ POLL_SLICE_S = 0.05
 """How long one reader is polled before the next gets its turn, when several are active."""
 _EPOCHS = ("", -1)
 """The outage key of moving cursors into their next epochs (a reader's start offsets)."""
+COMMITS_QUEUED_MAX = 1024
+"""Commits waiting behind the one in flight; past it ``commit_async`` fails with ``Backpressure``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +126,94 @@ class CommitSink(Protocol):
     async def commit(self, positions: dict[tuple[str, int], Position]) -> None: ...
 
 
+Positions = dict[tuple[str, int], Position]
+CommitCallback = Callable[[Positions, BaseException | None], None]
+"""Told the positions of one ``commit_async`` and its error (None: durable), like Kafka's
+``OffsetCommitCallback``; runs on the event loop, once, in commit order."""
+
+
+class CommitQueue:
+    """Commits sent to a sink one at a time, in the order they were asked for (``commitAsync``).
+
+    Why one at a time: two commits of a shard in flight at once could land in
+    either order, and a later position overwritten by an earlier one would
+    re-deliver records after a restart.  Each commit is its own request and
+    has its own outcome, so a refused commit fails only itself, never the
+    ones queued with it.  The queue is bounded (``COMMITS_QUEUED_MAX``): past
+    it a commit fails at once with ``Backpressure`` (await ``flush``, then
+    commit again).  The task that drains the queue is owned here and ends
+    when the queue is empty; ``flush`` waits for it.
+    """
+
+    def __init__(self, sink: Callable[[], CommitSink | None], queued_max: int = COMMITS_QUEUED_MAX):
+        self._sink = sink
+        self._queued_max = queued_max
+        self._queue: deque[tuple[Positions, asyncio.Future[Positions]]] = deque()
+        self._task: asyncio.Task[None] | None = None
+
+    def submit(self, positions: Positions) -> asyncio.Future[Positions]:
+        """Queue ``positions``; the future resolves once they are durable, or with the error."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Positions] = loop.create_future()
+        if len(self._queue) >= self._queued_max:
+            future.set_exception(
+                Backpressure(
+                    f"{len(self._queue)} commits are queued already (the bound): "
+                    "await the earlier ones (commit or flush), then commit again"
+                )
+            )
+            return future
+        self._queue.append((positions, future))
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._drain(), name="commits")
+        return future
+
+    async def _drain(self) -> None:
+        while self._queue:
+            positions, future = self._queue[0]
+            sink = self._sink()
+            try:
+                if sink is None:
+                    raise InvalidRequest(
+                        "no commit sink: join a consumer group or pass commit_sink="
+                    )
+                await sink.commit(positions)
+            except asyncio.CancelledError:
+                self._fail_all(InvalidRequest("the consumer closed before this commit was sent"))
+                raise
+            except Exception as error:  # every failure goes to its future, none is lost
+                if not future.done():
+                    future.set_exception(error)
+            else:
+                if not future.done():
+                    future.set_result(positions)
+            finally:
+                if self._queue and self._queue[0][1] is future:
+                    self._queue.popleft()
+
+    def fail_queued(self, error: XinfraError) -> None:
+        """Fail the commits not yet sent (the one in flight gets its own answer).
+
+        A member that lost its shards calls this: positions read under the lost
+        assignment must not be committed after a rejoin, over a newer owner's.
+        """
+        in_flight = self._task is not None and not self._task.done()
+        keep = [self._queue.popleft()] if in_flight and self._queue else []
+        self._fail_all(error)
+        self._queue.extend(keep)
+
+    def _fail_all(self, error: BaseException) -> None:
+        while self._queue:
+            _positions, future = self._queue.popleft()
+            if not future.done():
+                future.set_exception(error)
+
+    async def flush(self) -> None:
+        """Return once every commit asked for so far has its outcome (never raises theirs)."""
+        while self._task is not None and not self._task.done():
+            await asyncio.shield(self._task)
+
+
 @dataclass(slots=True)
 class _Cursor:
     topic: str
@@ -157,6 +252,8 @@ class XinfraConsumer:
             reader_options=ReaderOptions(fetch_bytes_max=self.options.fetch_bytes_max)
         )
         self.commit_sink = commit_sink
+        self.commits = CommitQueue(lambda: self.commit_sink)
+        """Commits in flight and queued, in order; ``commit_async`` adds to it."""
         self._watches: dict[str, TopicWatch] = {}
         self._cursors: dict[tuple[str, int], _Cursor] = {}
         self._readers: dict[tuple[str, int], ShardReader] = {}
@@ -283,20 +380,43 @@ class XinfraConsumer:
     def positions(self) -> dict[tuple[str, int], Position]:
         return {key: cursor.position for key, cursor in self._cursors.items()}
 
-    async def commit(
-        self, positions: dict[tuple[str, int], Position] | None = None
-    ) -> dict[tuple[str, int], Position]:
-        """Hand positions (default: the current ones) to the commit sink; return what was committed.
+    def commit_async(
+        self, positions: Positions | None = None, callback: CommitCallback | None = None
+    ) -> asyncio.Future[Positions]:
+        """Commit positions (default: the current ones) without waiting; returns at once.
+
+        Commits are sent one at a time, in the order of the calls, so the last
+        one asked for is the one that stays.  The future resolves with the
+        positions once they are durable, or with the error (``Fenced``: this
+        member was replaced; ``OffsetOutOfRange``: past the end); ``callback``,
+        if given, is told the same, so a failure is never lost silently.  A
+        later ``commit`` and ``close`` wait for every earlier asynchronous one.
+        """
+        if self.commit_sink is None:
+            raise InvalidRequest("no commit sink: join a consumer group or pass commit_sink=")
+        chosen = self.positions() if positions is None else dict(positions)
+        future = self.commits.submit(chosen)
+        if callback is not None:
+
+            def tell(done: asyncio.Future[Positions]) -> None:
+                error = (
+                    InvalidRequest("the commit was cancelled")
+                    if done.cancelled()
+                    else done.exception()  # retrieved: the callback is where it is reported
+                )
+                callback(chosen, error)
+
+            future.add_done_callback(tell)
+        return future
+
+    async def commit(self, positions: Positions | None = None) -> Positions:
+        """``commit_async`` awaited: durable on return, after every earlier commit; raises its error.
 
         The current positions are past every record ``poll`` returned, so commit
         after processing them for at-least-once; committing explicit positions
         (a record's position with offset + 1) commits finer.
         """
-        if self.commit_sink is None:
-            raise InvalidRequest("no commit sink: join a consumer group or pass commit_sink=")
-        chosen = self.positions() if positions is None else dict(positions)
-        await self.commit_sink.commit(chosen)
-        return chosen
+        return await self.commit_async(positions)
 
     async def subscribe(
         self, topics: Sequence[str] | re.Pattern[str], listener: RebalanceListener | None = None
@@ -325,9 +445,11 @@ class XinfraConsumer:
         """
         if self._closed:
             raise InvalidRequest("the consumer is closed")
-        self._check()
         if self.membership is not None:
-            await self.membership.reconcile()  # rebalances are applied here, between reads
+            # Rebalances are applied here, between reads, and before the check: a deleted topic
+            # of a pattern subscription is dropped rather than raised.
+            await self.membership.reconcile()
+        self._check()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
@@ -502,6 +624,22 @@ class XinfraConsumer:
             return {shard: epoch.end_offsets.get(shard, 0) for shard in shards}
         return await self._reader(topic, metadata, epoch).end_offsets(shards)
 
+    def topic_error(self, topic: str) -> XinfraError | None:
+        """What the service last said that no retry cures about ``topic`` (deleted: ``TopicNotFound``)."""
+        watch = self._watches.get(topic)
+        return watch.error if watch is not None else None
+
+    async def forget(self, topic: str) -> None:
+        """Stop reading ``topic`` and watching its metadata (a group left it, or it was deleted)."""
+        self.unassign(topic)
+        for key in [k for k in self._readers if k[0] == topic]:
+            self._reader_assignment.pop(key, None)
+            self._outages.pop(key, None)
+            await self._readers.pop(key).close()
+        watch = self._watches.pop(topic, None)
+        if watch is not None:
+            await watch.close()
+
     def _check(self) -> None:
         """Raise what the service said that no retry cures (revoked token, deleted topic)."""
         self.source.check()
@@ -525,7 +663,8 @@ class XinfraConsumer:
             return
         self._closed = True
         if self.membership is not None:
-            await self.membership.close()
+            await self.membership.close()  # commits what it owns, after the queued commits
+        await self.commits.flush()
         for reader in self._readers.values():
             await reader.close()
         self._readers.clear()

@@ -13,8 +13,17 @@ changed under a running read:
 - shards given: read from their checkpoint (the latest epoch's), or from the
   group's ``start`` when none, then ``on_assigned``;
 - fenced, unknown to the group, or cut off from the service for longer than
-  the session: every shard is dropped without a commit (``on_lost``) and the
-  member rejoins.
+  the session: every shard is dropped without a commit (``on_lost``), the
+  commits not yet sent fail with the same error, and the member rejoins.
+
+A pattern subscription is matched again every ``metadata_max_age_s`` (as
+Kafka's ``metadata.max.age.ms``), in the heartbeat task: a new matching topic
+is sent with the next heartbeat, so the group assigns its shards; a deleted
+one is left, and its shards are dropped inside ``poll`` (``on_revoked``, no
+commit: there is nothing left to commit to) without ``poll`` failing.
+
+Commits go through the consumer's ``CommitQueue`` (one at a time, in order);
+this class is the sink that sends each one as this member.
 
 Group requests go to the instance that coordinates the group: a 307 from
 another instance is followed, and that instance is used until it fails.
@@ -34,7 +43,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from xinfra.errors import Fenced, InvalidRequest, Unavailable, XinfraError
+from xinfra.errors import Fenced, InvalidRequest, NotFound, TopicNotFound, Unavailable, XinfraError
 from xinfra.model import Position
 from xinfra.rest import MetadataClient
 
@@ -47,6 +56,9 @@ Shard = tuple[str, int]
 """(topic, shard)."""
 REDIRECTS_MAX = 3
 PENDING_INTERVAL_S = 0.05
+TOPICS_PAGE_MAX = 1000
+TOPICS_MAX = 100_000
+"""Topics a pattern is matched against at most (the virtual cluster's first ones by name)."""
 
 
 class RebalanceListener(Protocol):
@@ -68,6 +80,10 @@ class GroupOptions:
     start: StartAt | int = "earliest"
     """Where a shard the group never committed is read from: earliest, latest or a timestamp (ms)."""
     join_timeout_s: float = 30.0
+    metadata_max_age_s: float = 300.0
+    """How often a pattern subscription is matched against the topics again (Kafka's
+    ``metadata.max.age.ms``, 5 min by default); topics created or deleted meanwhile are
+    joined or left after at most this long plus a heartbeat."""
 
 
 class GroupClient:
@@ -127,6 +143,9 @@ class GroupMembership:
         self._path = f"/v1/vclusters/{virtual_cluster}/groups/{group}"
         self._vc = virtual_cluster
         self._topics: list[str] = []
+        self._pattern: re.Pattern[str] | None = None
+        self._rematch_at = 0.0
+        self._stopping = False
         self._send_topics = False
         self._listener: RebalanceListener | None = None
         self._owned: set[Shard] = set()
@@ -146,22 +165,25 @@ class GroupMembership:
     async def subscribe(
         self, topics: Sequence[str] | re.Pattern[str], listener: RebalanceListener | None = None
     ) -> None:
-        """Join the group for ``topics`` (names, or a pattern matched against the topics now).
+        """Join the group for ``topics``: names, or a pattern (matched now and every
+        ``metadata_max_age_s``, so topics created later are joined too).
 
         Returns once joined and the first assignment is applied; raises
         ``TopicNotFound`` for an unknown topic, ``Unavailable`` after
         ``join_timeout_s`` without an answer.
         """
+        loop = asyncio.get_running_loop()
         if isinstance(topics, re.Pattern):
             names = await self._matching(topics)
+            self._pattern = topics
+            self._rematch_at = loop.time() + self.options.metadata_max_age_s
         else:
-            names = sorted(set(topics))
+            names, self._pattern = sorted(set(topics)), None
         if not names:
             raise InvalidRequest("subscribe to at least one topic")
         for topic in names:
             await self.consumer.metadata(topic)
         self._topics, self._listener, self._send_topics = names, listener, True
-        loop = asyncio.get_running_loop()
         deadline = loop.time() + self.options.join_timeout_s
         while not await self._beat():
             if self._lost is not None and not self._lost.retriable:
@@ -175,18 +197,64 @@ class GroupMembership:
         await self.reconcile()
 
     async def _matching(self, pattern: re.Pattern[str]) -> list[str]:
-        body = await self.client.call("GET", f"/v1/vclusters/{self._vc}/topics?limit=1000")
-        return sorted(t["name"] for t in body["topics"] if pattern.fullmatch(t["name"]))
+        """The virtual cluster's topics that ``pattern`` matches whole, page by page."""
+        names: list[str] = []
+        after = ""
+        while len(names) < TOPICS_MAX:
+            query = f"limit={TOPICS_PAGE_MAX}" + (f"&after={after}" if after else "")
+            body = await self.client.call("GET", f"/v1/vclusters/{self._vc}/topics?{query}")
+            names += (t["name"] for t in body["topics"])
+            after = body.get("next_after") or ""
+            if not after:
+                break
+        return sorted(name for name in names if pattern.fullmatch(name))
+
+    async def _rematch(self) -> None:
+        """Match the pattern again; a changed topic list goes with the next heartbeat."""
+        assert self._pattern is not None
+        loop = asyncio.get_running_loop()
+        self._rematch_at = loop.time() + self.options.metadata_max_age_s
+        try:
+            names = await self._matching(self._pattern)
+            for topic in [t for t in names if t not in self._topics]:
+                try:
+                    await self.consumer.metadata(topic)  # assign needs it: fetch and watch now
+                except TopicNotFound:
+                    names.remove(topic)  # deleted since the listing
+        except XinfraError as error:
+            log.warning(
+                "matching %s for group %s failed: %s", self._pattern.pattern, self.group, error
+            )
+            return
+        if names and names != self._topics:
+            log.info(
+                "group %s: pattern %s now matches %s", self.group, self._pattern.pattern, names
+            )
+            self._topics, self._send_topics = names, True
 
     # -- heartbeats ------------------------------------------------------------------------
 
     async def _heartbeats(self) -> None:
-        while True:
+        """Heartbeat until ``close``; owned by this membership, which cancels and awaits it.
+
+        ``_stopping`` is checked as well as cancellation: on Python 3.11,
+        ``wait_for`` swallows a cancel that arrives as the event it waits on is
+        set, and ``close`` would then wait for this loop forever.
+        """
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._interval_s)
             self._wake.clear()
-            if self._lost is None:
-                await self._beat()
+            if self._stopping:
+                return
+            try:
+                if self._pattern is not None and loop.time() >= self._rematch_at:
+                    await self._rematch()
+                if self._lost is None:
+                    await self._beat()
+            except Exception:  # a bug must not end the heartbeats silently: log it, go on
+                log.exception("heartbeat of group %s failed", self.group)
 
     async def _beat(self) -> bool:
         """One heartbeat; True when the service answered."""
@@ -203,6 +271,15 @@ class GroupMembership:
             out = await self.client.call("POST", f"{self._path}/heartbeat", json=body)
         except Fenced as error:  # replaced, or removed by the group: stop, then rejoin
             self._lost = error
+            return False
+        except TopicNotFound as error:
+            if not sent_topics or self._pattern is None:
+                self._lost = error
+                return False
+            # A matched topic was deleted since the last match: match again, then send.
+            log.info("group %s: %s; matching %s again", self.group, error, self._pattern.pattern)
+            self._rematch_at = 0.0
+            self._wake.set()
             return False
         except XinfraError as error:
             if not error.retriable:
@@ -231,6 +308,8 @@ class GroupMembership:
     async def reconcile(self) -> None:
         """Apply what the last heartbeat said; called by ``poll`` before it reads."""
         loop = asyncio.get_running_loop()
+        if self._pattern is not None:
+            await self._drop_deleted()
         silent_s = loop.time() - self._last_ok
         if self._lost is None and self.member_epoch > 0 and silent_s > self._session_s:
             # No heartbeat answered for a whole session (a pause, a partition): the group has
@@ -269,6 +348,28 @@ class GroupMembership:
             await self._listener.on_revoked(shards)
         self._unassign(shards)
 
+    async def _drop_deleted(self) -> None:
+        """Drop the shards of matched topics the service says are gone, before ``poll`` reads.
+
+        The consumer's watch learns of a delete before the group retargets; the
+        shards are revoked here (``on_revoked``, no commit: the topic is gone)
+        and the pattern is matched again, so the next heartbeat leaves the topic.
+        """
+        gone = [t for t in self._topics if isinstance(self.consumer.topic_error(t), NotFound)]
+        if not gone:
+            return
+        shards = sorted(s for s in self._owned if s[0] in gone)
+        log.info("group %s: topics %s were deleted; dropping %s", self.group, gone, shards)
+        if shards and self._listener is not None:
+            await self._listener.on_revoked(shards)
+        self._unassign(shards)
+        for topic in gone:
+            await self.consumer.forget(topic)
+        self._topics = [t for t in self._topics if t not in gone]
+        self._allowed = {s for s in self._allowed if s[0] not in gone}
+        self._send_topics, self._rematch_at = True, 0.0
+        self._wake.set()
+
     async def _assign(self, shards: list[Shard]) -> None:
         committed = await self.committed()
         by_topic: dict[str, list[int]] = {}
@@ -306,6 +407,10 @@ class GroupMembership:
         self._unassign(shards)
         self._allowed, self._changed = set(), False
         self.member_epoch = 0
+        # Positions read under the lost assignment: never commit them after the rejoin.
+        self.consumer.commits.fail_queued(
+            lost if lost is not None else Unavailable(f"group {self.group!r}: shards lost")
+        )
         self._wake.set()
 
     # -- commits ---------------------------------------------------------------------------
@@ -314,10 +419,14 @@ class GroupMembership:
         positions = {k: p for k, p in self.consumer.positions().items() if k in shards}
         fresh = {k: p for k, p in positions.items() if self._committed.get(k) != p}
         if fresh:
-            await self.commit(fresh)
+            await self.consumer.commit(fresh)  # queued behind the application's commits: in order
 
     async def commit(self, positions: dict[tuple[str, int], Position]) -> None:
-        """Commit as this member; durable on return.  ``Fenced``: this member was replaced."""
+        """Send one commit as this member (the ``CommitQueue``'s sink); durable on return.
+
+        ``Fenced``: this member was replaced.  Applications commit through the
+        consumer (``commit``, ``commit_async``), which keeps commits in order.
+        """
         if self.member_epoch <= 0:
             raise InvalidRequest(f"not a member of group {self.group!r} yet: subscribe first")
         body = {
@@ -352,16 +461,22 @@ class GroupMembership:
         return sorted(self._owned)
 
     async def close(self) -> None:
-        """Commit what is owned (``auto_commit``), leave the group, stop heartbeating."""
+        """Stop heartbeating, commit what is owned (``auto_commit``) after the queued commits,
+        then leave the group, so the next owner of a shard starts where this one stopped."""
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
         if self.member_epoch > 0:
-            with contextlib.suppress(XinfraError):
-                if self.options.auto_commit and self._owned:
+            if self.options.auto_commit and self._owned:
+                try:
                     await self._commit_owned(self._owned)
+                except XinfraError as error:
+                    log.warning("committing at close of group %s failed: %s", self.group, error)
+            await self.consumer.commits.flush()
+            with contextlib.suppress(XinfraError):
                 await self.client.call(
                     "POST",
                     f"{self._path}/heartbeat",
