@@ -108,7 +108,9 @@ class _Cursor:
             wanted = max(1, min(POLL_RECORDS_MAX, piece.end - self.next))
             raw = await reader.poll(wanted, POLL_TIMEOUT_S)
         except OffsetOutOfRange:
-            await self._check_retained(reader)
+            # Below the shard's first retained offset (retention) or past its end (records
+            # lost on the cluster): ``_idle`` decides both; a bare retry would spin on the error.
+            await self._idle(reader)
             return []
         kept = self._mirror_skipped(raw) if self.in_mirror else self._in_range(raw)
         if raw:
