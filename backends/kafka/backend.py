@@ -9,6 +9,10 @@ Cluster attributes it understands (all optional, strings as the model keeps them
 * ``replication_factor``: replicas of each new partition; default ``-1``, the
   broker's ``default.replication.factor`` (KIP-464).
 * ``request_timeout_s``: bound of every admin and offset request; default 10.
+* ``security.protocol``, ``sasl.*``, ``ssl.*``: librdkafka's connection settings
+  (SASL, TLS), given to the admin client and every producer and reader
+  (``config.connection_settings``).  The service resolves secret references
+  (``env:``/``file:``) before it opens a backend; clients never receive secrets.
 
 Admin calls are blocking librdkafka calls run on ``asyncio.to_thread``, so one
 backend serves any number of event loops.  The backend owns the producers and
@@ -22,10 +26,11 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Final
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from backends.kafka import admin
-from backends.kafka.config import admin_config
+from backends.kafka.config import admin_config, connection_settings
 from backends.kafka.producer import KafkaShardProducer
 from backends.kafka.reader import KafkaShardReader
 from xinfra.backend import Backend, ProducerOptions, ReaderOptions, ShardProducer, ShardReader
@@ -58,7 +63,15 @@ class KafkaBackend(Backend):
             )
         except ValueError as error:
             raise InvalidRequest(f"cluster {cluster.name!r}: bad attribute: {error}") from None
-        self._admin: AdminClient | None = AdminClient(admin_config(self.bootstrap))
+        self.connection = connection_settings(attributes)
+        try:
+            self._admin: AdminClient | None = AdminClient(
+                admin_config(self.bootstrap, self.connection)
+            )
+        except KafkaException as error:  # librdkafka refuses an unknown or bad setting
+            raise InvalidRequest(
+                f"cluster {cluster.name!r}: bad connection attribute: {error.args[0].str()}"
+            ) from None
         self._producers: set[KafkaShardProducer] = set()
         self._readers: set[KafkaShardReader] = set()
 
@@ -111,7 +124,11 @@ class KafkaBackend(Backend):
         """A producer to ``topic``; reads its partition count now (``TopicNotFound``, ``Timeout``)."""
         self._admin_client()
         producer = KafkaShardProducer(
-            self.bootstrap, topic, options or ProducerOptions(), on_close=self._producers.discard
+            self.bootstrap,
+            topic,
+            options or ProducerOptions(),
+            on_close=self._producers.discard,
+            connection=self.connection,
         )
         self._producers.add(producer)
         return producer
@@ -124,6 +141,7 @@ class KafkaBackend(Backend):
             options or ReaderOptions(),
             self.request_timeout_s,
             on_close=self._readers.discard,
+            connection=self.connection,
         )
         self._readers.add(reader)
         return reader

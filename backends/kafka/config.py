@@ -22,11 +22,16 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Final
 
 from xinfra.backend import ProducerOptions, ReaderOptions
 
 LIBRDKAFKA_LOGGER: Final = logging.getLogger("backends.kafka.librdkafka")
+
+NO_SETTINGS: Final[Mapping[str, str]] = MappingProxyType({})
+"""A plaintext cluster: no connection settings beyond the bootstrap."""
 
 RECORD_OVERHEAD_BYTES_MAX: Final = 64 << 10
 """Framing a record or batch adds on the wire beyond its payload (headers, varints, batch header)."""
@@ -61,16 +66,38 @@ LIBRDKAFKA_QUEUE_KBYTES_MAX: Final = 2_097_151
 """librdkafka's ceiling for ``queue.buffering.max.kbytes``."""
 
 
-def common(bootstrap: str) -> dict[str, Any]:
+CONNECTION_ATTRIBUTES: Final = ("security.protocol", "sasl.", "ssl.")
+"""Cluster attributes that are librdkafka connection settings, passed to every client as given."""
+
+
+def connection_settings(attributes: Mapping[str, str]) -> dict[str, str]:
+    """The librdkafka settings among a cluster's attributes: ``security.protocol``, ``sasl.*``, ``ssl.*``.
+
+    How a Kafka cluster wants to be reached (SASL mechanism and credentials,
+    TLS trust) is the cluster's, so it is registered with the cluster and
+    reaches the admin client, every producer, reader and probe alike.  Other
+    attributes (``replication_factor``, ...) are Xinfra's, never librdkafka's.
+    """
+    return {
+        key: value
+        for key, value in attributes.items()
+        if key == CONNECTION_ATTRIBUTES[0] or key.startswith(CONNECTION_ATTRIBUTES[1:])
+    }
+
+
+def common(bootstrap: str, connection: Mapping[str, str]) -> dict[str, Any]:
     return {
         "bootstrap.servers": bootstrap,
         "allow.auto.create.topics": False,
         "reconnect.backoff.ms": 100,
         "reconnect.backoff.max.ms": 2000,
+        **connection,
     }
 
 
-def producer_config(bootstrap: str, options: ProducerOptions) -> dict[str, Any]:
+def producer_config(
+    bootstrap: str, options: ProducerOptions, connection: Mapping[str, str] = NO_SETTINGS
+) -> dict[str, Any]:
     """An idempotent, ``acks=all`` producer batching by ``linger_ms`` and ``batch_bytes_max``.
 
     Idempotence keeps each partition's order and drops duplicates when
@@ -83,7 +110,7 @@ def producer_config(bootstrap: str, options: ProducerOptions) -> dict[str, Any]:
     message_bytes_max = max(options.record_bytes_max, options.batch_bytes_max)
     queue_kbytes = min(LIBRDKAFKA_QUEUE_KBYTES_MAX, 2 * options.buffer_bytes_max // 1024 + 1024)
     return {
-        **common(bootstrap),
+        **common(bootstrap, connection),
         "logger": LIBRDKAFKA_LOGGER,
         "enable.idempotence": True,
         "acks": "all",
@@ -97,7 +124,9 @@ def producer_config(bootstrap: str, options: ProducerOptions) -> dict[str, Any]:
     }
 
 
-def reader_config(bootstrap: str, options: ReaderOptions) -> dict[str, Any]:
+def reader_config(
+    bootstrap: str, options: ReaderOptions, connection: Mapping[str, str] = NO_SETTINGS
+) -> dict[str, Any]:
     """A consumer that only ``assign``s: a unique group id no one joins, nothing committed.
 
     ``auto.offset.reset=error`` makes a read from an offset the log no longer
@@ -109,7 +138,7 @@ def reader_config(bootstrap: str, options: ReaderOptions) -> dict[str, Any]:
     """
     fetch_kbytes = max(1, options.fetch_bytes_max // 1024)
     return {
-        **common(bootstrap),
+        **common(bootstrap, connection),
         "group.id": f"xinfra-reader-{uuid.uuid4().hex}",
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
@@ -123,5 +152,5 @@ def reader_config(bootstrap: str, options: ReaderOptions) -> dict[str, Any]:
     }
 
 
-def admin_config(bootstrap: str) -> dict[str, Any]:
-    return common(bootstrap)
+def admin_config(bootstrap: str, connection: Mapping[str, str] = NO_SETTINGS) -> dict[str, Any]:
+    return common(bootstrap, connection)

@@ -46,7 +46,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import islice
 from operator import add, attrgetter, lt
 from typing import Any, Final
@@ -54,7 +54,12 @@ from typing import Any, Final
 from confluent_kafka import KafkaError, Message, Producer
 
 from backends.kafka.admin import partition_count
-from backends.kafka.config import BUFFER_RECORDS_MAX, METADATA_TIMEOUT_S_MAX, producer_config
+from backends.kafka.config import (
+    BUFFER_RECORDS_MAX,
+    METADATA_TIMEOUT_S_MAX,
+    NO_SETTINGS,
+    producer_config,
+)
 from backends.kafka.errors import from_exception, to_xinfra
 from xinfra.backend import ProducerOptions, ShardProducer
 from xinfra.errors import Backpressure, InvalidRequest, RecordTooLarge, ShardOutOfRange, XinfraError
@@ -130,6 +135,7 @@ class KafkaShardProducer(ShardProducer):
         topic: str,
         options: ProducerOptions,
         on_close: Callable[[KafkaShardProducer], None] | None = None,
+        connection: Mapping[str, str] = NO_SETTINGS,
     ) -> None:
         self.topic = topic
         self._on_close = on_close
@@ -137,7 +143,7 @@ class KafkaShardProducer(ShardProducer):
         self.options = options
         self._fatal: XinfraError | None = None
         self._producer = Producer(
-            {**producer_config(bootstrap, options), "error_cb": self.note_error}
+            {**producer_config(bootstrap, options, connection), "error_cb": self.note_error}
         )
         timeout_s = min(options.request_timeout_s, METADATA_TIMEOUT_S_MAX)
         try:

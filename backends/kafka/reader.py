@@ -43,7 +43,7 @@ from confluent_kafka import (
 )
 
 from backends.kafka.admin import partition_count
-from backends.kafka.config import METADATA_TIMEOUT_S_MAX, reader_config
+from backends.kafka.config import METADATA_TIMEOUT_S_MAX, NO_SETTINGS, reader_config
 from backends.kafka.errors import from_exception, to_xinfra
 from backends.kafka.records import to_records
 from backends.kafka.watermark import WatermarkProbe
@@ -88,15 +88,18 @@ class KafkaShardReader(ShardReader):
         options: ReaderOptions,
         request_timeout_s: float,
         on_close: Callable[[KafkaShardReader], None] | None = None,
+        connection: Mapping[str, str] = NO_SETTINGS,
     ) -> None:
         self.topic = topic
         self._on_close = on_close
         self.bootstrap = bootstrap
         self.request_timeout_s = request_timeout_s
         self._down: KafkaError | None = None
-        self._consumer = Consumer({**reader_config(bootstrap, options), "error_cb": self._on_error})
+        self._consumer = Consumer(
+            {**reader_config(bootstrap, options, connection), "error_cb": self._on_error}
+        )
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"kafka-reader-{topic}")
-        self._probe = WatermarkProbe(bootstrap, topic)
+        self._probe = WatermarkProbe(bootstrap, topic, connection)
         self._partitions: int | None = None
         self._generation = 0
         self._pending: dict[int, int] | None = None

@@ -36,7 +36,7 @@ from typing import Final
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from backends.kafka.config import reader_config
+from backends.kafka.config import NO_SETTINGS, reader_config
 from backends.kafka.errors import to_xinfra
 from xinfra.backend import ReaderOptions
 
@@ -56,16 +56,21 @@ class WatermarkProbe:
     its only state.
     """
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(
+        self, bootstrap: str, topic: str, connection: Mapping[str, str] = NO_SETTINGS
+    ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
+        self.connection = connection
         self._lock = threading.Lock()
         self._consumer: Consumer | None = None
         self._closed = False
 
     def _open(self) -> Consumer:
         if self._consumer is None:
-            config = reader_config(self.bootstrap, ReaderOptions(fetch_bytes_max=1 << 20))
+            config = reader_config(
+                self.bootstrap, ReaderOptions(fetch_bytes_max=1 << 20), self.connection
+            )
             config["max.partition.fetch.bytes"] = PROBE_FETCH_BYTES
             config["fetch.wait.max.ms"] = 10
             self._consumer = Consumer(config)

@@ -13,7 +13,7 @@ from containers import KAFKA_IS_TANSU
 from backends.kafka.backend import KafkaBackend
 from backends.kafka.producer import KafkaShardProducer
 from xinfra.backend import open_backend
-from xinfra.errors import BackendUnavailable, InvalidRequest, TopicNotFound
+from xinfra.errors import BackendUnavailable, InvalidRequest, Timeout, TopicNotFound
 from xinfra.keyspace import KEYSPACE_SIZE, KeyRange, shard_ranges
 from xinfra.model import ClusterKind, ConsumedRecord, PhysicalCluster, Record
 from xinfra.services.kafka import start_kafka
@@ -204,3 +204,59 @@ async def test_a_produce_refused_midway_fails_the_send_after_the_queued_records_
     assert producer._buffered_bytes == 0 and producer._buffered_records == 0
     assert await producer.send(0, [Record(value=b"after")]) == [2]  # the two queued were stored
     await producer.close()
+
+
+async def test_connection_attributes_reach_the_admin_client_and_every_producer(
+    kafka_bootstrap: str, topic_name: str
+) -> None:
+    """``security.protocol``/``sasl.*``/``ssl.*`` attributes are librdkafka's, on every client.
+
+    Against this plaintext broker, TLS asked by the cluster's attributes must
+    fail on the admin client and on a producer (the attribute reached them);
+    plaintext asked explicitly must work end to end.
+    """
+    plaintext = KafkaBackend(
+        PhysicalCluster(
+            name="plain",
+            kind=ClusterKind.KAFKA,
+            bootstrap=kafka_bootstrap,
+            attributes={"security.protocol": "PLAINTEXT"},
+        )
+    )
+    tls = KafkaBackend(
+        PhysicalCluster(
+            name="tls",
+            kind=ClusterKind.KAFKA,
+            bootstrap=kafka_bootstrap,
+            attributes={"security.protocol": "SSL", "request_timeout_s": "2"},
+        )
+    )
+    try:
+        await plaintext.create_topic(topic_name, shard_ranges(1))
+        producer = plaintext.producer(topic_name)
+        assert await producer.send(0, [Record(b"plain")]) == [0]
+        await producer.close()
+        with pytest.raises(BackendUnavailable):
+            await tls.check()
+        with pytest.raises((BackendUnavailable, TimeoutError, Timeout)):
+            tls.producer(topic_name)
+    finally:
+        await plaintext.delete_topic(topic_name)
+        await plaintext.close()
+        await tls.close()
+
+
+@pytest.mark.parametrize(
+    "attributes",
+    [
+        {"security.protocol": "bogus"},
+        {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "NOPE"},
+        {"ssl.no.such.setting": "x"},
+    ],
+)
+def test_a_bad_connection_attribute_is_refused_naming_it(attributes: dict[str, str]) -> None:
+    cluster = PhysicalCluster(
+        name="bad", kind=ClusterKind.KAFKA, bootstrap="127.0.0.1:1", attributes=attributes
+    )
+    with pytest.raises(InvalidRequest, match="bad connection attribute"):
+        KafkaBackend(cluster)
