@@ -150,6 +150,8 @@ class CommitQueue:
         self._queued_max = queued_max
         self._queue: deque[tuple[Positions, asyncio.Future[Positions]]] = deque()
         self._task: asyncio.Task[None] | None = None
+        self._in_flight: asyncio.Future[Positions] | None = None
+        """The future of the commit being sent (always the queue's first); None between sends."""
 
     def submit(self, positions: Positions) -> asyncio.Future[Positions]:
         """Queue ``positions``; the future resolves once they are durable, or with the error."""
@@ -172,6 +174,7 @@ class CommitQueue:
         while self._queue:
             positions, future = self._queue[0]
             sink = self._sink()
+            self._in_flight = future
             try:
                 if sink is None:
                     raise InvalidRequest(
@@ -188,6 +191,7 @@ class CommitQueue:
                 if not future.done():
                     future.set_result(positions)
             finally:
+                self._in_flight = None
                 if self._queue and self._queue[0][1] is future:
                     self._queue.popleft()
 
@@ -197,8 +201,8 @@ class CommitQueue:
         A member that lost its shards calls this: positions read under the lost
         assignment must not be committed after a rejoin, over a newer owner's.
         """
-        in_flight = self._task is not None and not self._task.done()
-        keep = [self._queue.popleft()] if in_flight and self._queue else []
+        sent = self._queue and self._queue[0][1] is self._in_flight
+        keep = [self._queue.popleft()] if sent else []
         self._fail_all(error)
         self._queue.extend(keep)
 
