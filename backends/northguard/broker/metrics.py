@@ -68,6 +68,16 @@ class _StoreCollector(Collector):
                 stats.fsyncs,
             ),
             (
+                "northguard_store_segments_created",
+                "Segments created by the store",
+                stats.segments_created,
+            ),
+            (
+                "northguard_store_create_batches",
+                "Batches of segment creations (one index sync and one directory sync each)",
+                stats.create_batches,
+            ),
+            (
                 "northguard_store_recovered_frames",
                 "WAL frames re-applied to segment files by the last open",
                 stats.recovered_frames,
