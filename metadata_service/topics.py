@@ -57,29 +57,34 @@ PHYSICAL_TOPIC_LENGTH_MAX = 249
 
 
 def physical_topic_name(vcluster: str, topic: str, epoch: int) -> str:
-    """``xinfra.<vc>.<topic>.<epoch>.<random>``: owned by Xinfra, unique per creation.
+    """``xinfra.<vc scope><topic>.<epoch>.<random>``: owned by Xinfra, unique per creation.
 
+    It starts with ``vc_scope(vcluster)`` and no other virtual cluster's scope.
     The random suffix keeps a re-created topic off a physical name that a slow
-    backend may still be deleting.  Too long names keep readable prefixes and a hash.
+    backend may still be deleting.  Too long topic names keep a readable prefix
+    and a hash.
     """
     suffix = f"{epoch}.{secrets.token_hex(4)}"
-    name = f"{PHYSICAL_TOPIC_PREFIX}{vcluster}.{topic}.{suffix}"
+    name = f"{vc_scope(vcluster)}{topic}.{suffix}"
     if len(name) <= PHYSICAL_TOPIC_LENGTH_MAX:
         return name
-    digest = hashlib.sha256(f"{vcluster}/{topic}".encode()).hexdigest()[:16]
-    return f"{PHYSICAL_TOPIC_PREFIX}{vcluster[:100]}.{topic[:100]}.{digest}.{suffix}"
+    digest = hashlib.sha256(topic.encode()).hexdigest()[:16]
+    return f"{vc_scope(vcluster)}{topic[:100]}.{digest}.{suffix}"
 
 
 def vc_scope(vcluster: str) -> str:
     """The physical-topic name prefix of a virtual cluster (a Northguard credential's scope).
 
-    Names longer than ``physical_topic_name`` keeps whole share the first 100
-    characters: two virtual clusters that long with a common 100-character
-    prefix share one scope.
+    ``xinfra.<length>.<vc>.``: names may contain dots, so without the length
+    the scope of ``pay`` (``xinfra.pay.``) would cover every topic of ``pay.x``.
+    With it, one scope is a prefix of another only when both name the same
+    virtual cluster (the digits end at the first dot, so equal prefixes mean
+    equal lengths, then equal names).  A name over 100 characters is
+    ``xinfra.h<sha256, 16 hex>.``: distinct, and no digit-led scope starts so.
     """
     if len(vcluster) <= 100:
-        return f"{PHYSICAL_TOPIC_PREFIX}{vcluster}."
-    return f"{PHYSICAL_TOPIC_PREFIX}{vcluster[:100]}"
+        return f"{PHYSICAL_TOPIC_PREFIX}{len(vcluster)}.{vcluster}."
+    return f"{PHYSICAL_TOPIC_PREFIX}h{hashlib.sha256(vcluster.encode()).hexdigest()[:16]}."
 
 
 log = logging.getLogger(__name__)
