@@ -13,6 +13,12 @@ before it expires; a client's cluster instead carries the credential the
 service issued (``northguard.auth``), replaced by ``update_credential`` when
 newer metadata brings a fresh one.  Every connection asks for the current one
 when it opens and when it must re-authenticate.
+
+TLS (``backends.northguard.tls``): ``northguard.tls`` = ``true`` in the
+cluster's attributes makes every connection of this backend (admin,
+producers, readers, the blocking metadata request) TLS, verifying the
+brokers' certificate against ``northguard.tls.ca``.  The context is built
+once, here, so a bad CA is refused at construction.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from backends.northguard.credentials import (
     sign,
 )
 from backends.northguard.runtime import RealRuntime, Runtime
+from backends.northguard.tls import client_context
 from xinfra.backend import Backend, ProducerOptions, ReaderOptions, ShardProducer, ShardReader
 from xinfra.errors import BackendUnavailable, InvalidRequest
 from xinfra.keyspace import KeyRange, check_covering
@@ -56,8 +63,9 @@ class NorthguardBackend(Backend):
         self._secret = secret.encode() if secret else None
         self._credential = cluster.attributes.get(AUTH_ATTRIBUTE)
         self._signed_s = 0.0
+        self._tls_context = client_context(cluster.attributes)
         self._admin = AdminClient(
-            self._runtime, self.address, self.request_timeout_s, self.credential
+            self._runtime, self.address, self.request_timeout_s, self.credential, self._tls_context
         )
         self._producers: set[NorthguardProducer] = set()
         self._readers: set[NorthguardReader] = set()
@@ -134,11 +142,17 @@ class NorthguardBackend(Backend):
                     "topic_metadata",
                     self.request_timeout_s,
                     credential=self.credential(),
+                    tls_context=self._tls_context,
                     name=topic,
                 )
             )
         producer = NorthguardProducer(
-            self._runtime, self.address, view, options or ProducerOptions(), self.credential
+            self._runtime,
+            self.address,
+            view,
+            options or ProducerOptions(),
+            self.credential,
+            self._tls_context,
         )
         self._producers.add(producer)
         return producer
@@ -151,6 +165,7 @@ class NorthguardBackend(Backend):
             options or ReaderOptions(),
             self.request_timeout_s,
             self.credential,
+            self._tls_context,
         )
         self._readers.add(reader)
         return reader

@@ -15,6 +15,7 @@ import typer
 from backends.northguard.broker.main import run_broker
 from backends.northguard.broker.server import BrokerConfig
 from backends.northguard.credentials import SECRET_ENV, check_secret
+from backends.northguard.tls import CERT_ENV, KEY_ENV
 from xinfra.settings import get_settings
 
 DATA_DIR = Path(".xinfra/northguard")
@@ -73,8 +74,22 @@ def broker(
             "connection must present a credential signed with it. Without: open to anyone."
         ),
     ] = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(
+            envvar=CERT_ENV,
+            help="PEM certificate (chain) of the client port: with --tls-key, the port speaks "
+            "TLS 1.2+ only. Without: plaintext. The HTTP port stays plaintext.",
+        ),
+    ] = None,
+    tls_key: Annotated[
+        Path | None,
+        typer.Option(envvar=KEY_ENV, help="PEM private key of --tls-cert."),
+    ] = None,
 ) -> None:
     """Run one Northguard broker until SIGTERM or Ctrl-C."""
+    if (tls_cert is None) != (tls_key is None):
+        raise typer.BadParameter(f"--tls-cert (${CERT_ENV}) and --tls-key (${KEY_ENV}) go together")
     settings = get_settings()
     config = BrokerConfig(
         data_dir=data_dir,
@@ -92,6 +107,8 @@ def broker(
         frame_bytes_max=settings.frame_bytes_max,
         descriptors_max=descriptors_max or None,
         secret=_secret(secret_file),
+        tls_cert=tls_cert,
+        tls_key=tls_key,
     )
     run_broker(config, log_level)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends.northguard.credentials import SECRET_ENV
+from backends.northguard.tls import CertificateFiles
 from xinfra.services.ports import free_port, port_open
 from xinfra.services.process import ManagedProcess
 
@@ -47,11 +48,14 @@ def start_northguard_broker(
     log_path: Path | None = None,
     timeout_s: float = START_TIMEOUT_S,
     secret: str | None = None,
+    tls: CertificateFiles | None = None,
 ) -> NorthguardProcess:
     """Start one broker on ``port`` (a free one when None) and wait until it serves.
 
     ``secret``: the cluster secret, passed in the child's environment (never its argv);
     the broker then requires credentials.  None: the broker inherits this environment.
+    ``tls``: the client port speaks TLS with this certificate and key (the readiness
+    check is a TCP connect, which a TLS port accepts too).
     """
     port = port or free_port()
     http_port = http_port or free_port()
@@ -68,6 +72,8 @@ def start_northguard_broker(
         "--data-dir",
         str(data_dir),
     ]
+    if tls is not None:
+        argv += ["--tls-cert", str(tls.cert), "--tls-key", str(tls.key)]
     for key, value in (attributes or {}).items():
         argv += ["--attr", f"{key}={value}"]
     argv += extra_args or []

@@ -19,6 +19,7 @@ import abc
 import asyncio
 import os
 import random
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -27,6 +28,17 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 ConnectionHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
+"""A server drops a connection whose TLS handshake has not completed in this time."""
+
+
+class TlsHandshakeError(ConnectionError):
+    """The TCP connection opened but its TLS handshake failed or timed out.
+
+    Kept apart from a refused connection so a client can say which it was (a wrong CA,
+    a plaintext peer) instead of "cannot connect".  ``__cause__`` is the ``ssl`` error.
+    """
 
 
 class File(abc.ABC):
@@ -79,15 +91,23 @@ class Disk(abc.ABC):
 class Network(abc.ABC):
     @abc.abstractmethod
     async def serve(
-        self, host: str, port: int, handler: ConnectionHandler
+        self, host: str, port: int, handler: ConnectionHandler, tls: ssl.SSLContext | None = None
     ) -> asyncio.AbstractServer:
-        """Listen and run ``handler`` per connection until the server is closed."""
+        """Listen and run ``handler`` per connection until the server is closed.
+
+        With ``tls``, every connection is TLS: ``handler`` sees only connections whose
+        handshake completed (within ``TLS_HANDSHAKE_TIMEOUT_S``); the others are dropped.
+        """
 
     @abc.abstractmethod
     async def connect(
-        self, host: str, port: int, timeout_s: float
+        self, host: str, port: int, timeout_s: float, tls: ssl.SSLContext | None = None
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """Open a connection; raise ``ConnectionError`` or ``TimeoutError``."""
+        """Open a connection; raise ``ConnectionError`` or ``TimeoutError``.
+
+        With ``tls``, the TLS handshake (server name ``host``) completes within
+        ``timeout_s`` too, or ``TlsHandshakeError`` is raised.
+        """
 
 
 class Runtime(abc.ABC):
@@ -177,14 +197,45 @@ class OsDisk(Disk):
 
 class AsyncioNetwork(Network):
     async def serve(
-        self, host: str, port: int, handler: ConnectionHandler
+        self, host: str, port: int, handler: ConnectionHandler, tls: ssl.SSLContext | None = None
     ) -> asyncio.AbstractServer:
-        return await asyncio.start_server(handler, host, port, limit=1 << 20)
+        if tls is None:
+            return await asyncio.start_server(handler, host, port, limit=1 << 20)
+        return await asyncio.start_server(
+            handler,
+            host,
+            port,
+            limit=1 << 20,
+            ssl=tls,
+            ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S,
+        )
 
     async def connect(
-        self, host: str, port: int, timeout_s: float
+        self, host: str, port: int, timeout_s: float, tls: ssl.SSLContext | None = None
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        return await asyncio.wait_for(asyncio.open_connection(host, port, limit=1 << 20), timeout_s)
+        started_s = time.monotonic()
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, limit=1 << 20), timeout_s
+        )
+        if tls is None:
+            return reader, writer
+        # Two steps, so a refused TCP connection and a failed handshake stay distinguishable.
+        left_s = max(timeout_s - (time.monotonic() - started_s), 0.001)
+        try:
+            await asyncio.wait_for(
+                writer.start_tls(tls, server_hostname=host, ssl_handshake_timeout=left_s),
+                left_s,
+            )
+        except (OSError, TimeoutError, EOFError) as error:  # ssl.SSLError is an OSError
+            writer.close()
+            detail = str(error) or type(error).__name__
+            if isinstance(error, TimeoutError):
+                detail = f"no TLS answer in {timeout_s:g} s"
+            raise TlsHandshakeError(detail) from error
+        except BaseException:
+            writer.close()
+            raise
+        return reader, writer
 
 
 class RealRuntime(Runtime):

@@ -50,6 +50,7 @@ async def _serve(config: BrokerConfig) -> None:
     gc.freeze()
     print(
         f"northguard broker {config.broker_id} ready on {config.host}:{broker.port} "
+        f"({'TLS' if broker.tls else 'plaintext'}) "
         f"(recovered in {start_s:.3f} s)",
         flush=True,
     )

@@ -5,6 +5,11 @@ segments left active by a crash) before it accepts a connection, so a client
 never sees a half-recovered broker.  ``Broker.stop`` (SIGTERM) stops
 accepting, closes connections, waits for in-flight appends and closes the
 store cleanly; a SIGKILL instead is what the crash tests exercise.
+
+TLS: with ``tls_cert`` and ``tls_key`` the client port speaks TLS 1.2+ only
+(``backends.northguard.tls``); a plaintext client's connection is dropped by
+the handshake.  The HTTP health and metrics port stays plaintext: it carries
+no credential and no record.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from backends.northguard.credentials import SECRET_ENV
 from backends.northguard.protocol import FRAME_BYTES_MAX
 from backends.northguard.runtime import RealRuntime, Runtime
 from backends.northguard.store import FpsStore, MemoryStore, SegmentStore
+from backends.northguard.tls import server_context
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +54,12 @@ class BrokerConfig:
     maintenance_s: float = 1.0
     descriptors_max: int | None = None  # segment file pool bound; None: from RLIMIT_NOFILE
     secret: bytes | None = None  # cluster secret: every connection must authenticate; None: open
+    tls_cert: Path | None = None  # PEM certificate (chain) of the client port; None: plaintext
+    tls_key: Path | None = None  # its private key; given exactly when tls_cert is
+
+    def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("a TLS client port needs both tls_cert and tls_key")
 
 
 class Broker:
@@ -76,6 +88,12 @@ class Broker:
         self._http: asyncio.AbstractServer | None = None
         self._connections: set[BrokerConnection] = set()
         self._stopped = asyncio.Event()
+        # Loaded now, so a missing or mismatched certificate stops the start before recovery.
+        self._tls = (
+            None
+            if config.tls_cert is None or config.tls_key is None
+            else server_context(config.tls_cert, config.tls_key)
+        )
         self.port = config.port
         self.http_port: int | None = None
         if config.secret is None:
@@ -105,20 +123,28 @@ class Broker:
         await self.coordinator.start()
         self._keeper_task = asyncio.create_task(self._keeper.run(), name="northguard-store-keeper")
         network = self.runtime.network
-        self._server = await network.serve(self.config.host, self.config.port, self._on_connection)
+        self._server = await network.serve(
+            self.config.host, self.config.port, self._on_connection, self._tls
+        )
         self.port = _bound_port(self._server, self.config.port)
         if self.config.http_port is not None:
             health = HealthServer(self.health, self.metrics.registry)
             self._http = await network.serve(self.config.host, self.config.http_port, health.handle)
             self.http_port = _bound_port(self._http, self.config.http_port)
         log.info(
-            "northguard broker %s serving on %s:%s (http %s), data in %s",
+            "northguard broker %s serving %s on %s:%s (http %s, plaintext), data in %s",
             self.config.broker_id,
+            "TLS" if self.tls else "PLAINTEXT",
             self.config.host,
             self.port,
             self.http_port,
             self.config.data_dir,
         )
+
+    @property
+    def tls(self) -> bool:
+        """Whether the client port speaks TLS."""
+        return self._tls is not None
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         failure = self.store.failure

@@ -8,6 +8,7 @@ reconnects when the last connection failed.
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,9 +69,11 @@ class AdminClient:
         address: str,
         timeout_s: float,
         credential_source: CredentialSource | None = None,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         self._runtime = runtime
         self._credential_source = credential_source
+        self._tls_context = tls_context
         self.address = address
         self.timeout_s = timeout_s
         self._connection: ClientConnection | None = None
@@ -82,6 +85,7 @@ class AdminClient:
                 self.address,
                 self.timeout_s,
                 credential_source=self._credential_source,
+                tls_context=self._tls_context,
             )
         return self._connection
 

@@ -17,6 +17,13 @@ before the next request or stream open) once its credential is within
 ``REFRESH_AHEAD_S`` of expiry and the source has a newer one, and retries a
 request refused as ``unauthorized`` once after re-authenticating with a
 newer credential.
+
+TLS: with an ``ssl.SSLContext`` (``backends.northguard.tls.client_context``
+of the cluster's attributes) ``open`` completes a TLS handshake verifying the
+broker's certificate before anything is sent; a failed handshake is a
+``BackendUnavailable`` naming TLS and what to check, within the timeout.  A
+plaintext connection that a broker closes before any answer (what a TLS
+broker does) says TLS may be why.
 """
 
 from __future__ import annotations
@@ -25,14 +32,15 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import ssl
 import struct
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from backends.northguard import credentials, protocol
+from backends.northguard import credentials, protocol, tls
 from backends.northguard.protocol import MsgType
-from backends.northguard.runtime import Runtime
+from backends.northguard.runtime import Runtime, TlsHandshakeError
 from xinfra.errors import (
     BackendUnavailable,
     Backpressure,
@@ -75,8 +83,10 @@ class ClientConnection:
         writer: asyncio.StreamWriter,
         frame_bytes_max: int,
         credential_source: CredentialSource | None = None,
+        encrypted: bool = False,
     ) -> None:
         self.address = address
+        self.encrypted = encrypted
         self._credential_source = credential_source
         self._credential: str | None = None
         self._credential_expires_s = float("inf")
@@ -101,15 +111,25 @@ class ClientConnection:
         timeout_s: float,
         frame_bytes_max: int = protocol.FRAME_BYTES_MAX,
         credential_source: CredentialSource | None = None,
+        tls_context: ssl.SSLContext | None = None,
     ) -> ClientConnection:
+        """Connect (TLS when ``tls_context``), then authenticate when the source has a credential.
+
+        Every failure is an ``XinfraError`` within ``timeout_s`` per step: ``BackendUnavailable``
+        for the network and TLS, ``Unauthorized``/``Timeout`` for the authentication.
+        """
         host, _, port = address.rpartition(":")
         try:
-            reader, writer = await runtime.network.connect(host, int(port), timeout_s)
+            reader, writer = await runtime.network.connect(host, int(port), timeout_s, tls_context)
+        except TlsHandshakeError as error:
+            raise BackendUnavailable(tls.describe_failure(address, error)) from error
         except (OSError, TimeoutError) as error:
             raise BackendUnavailable(
                 f"cannot connect to Northguard broker {address}: {error or type(error).__name__}"
             ) from error
-        connection = cls(address, reader, writer, frame_bytes_max, credential_source)
+        connection = cls(
+            address, reader, writer, frame_bytes_max, credential_source, tls_context is not None
+        )
         credential = credential_source() if credential_source is not None else None
         if credential is not None:
             try:
@@ -245,14 +265,17 @@ class ClientConnection:
     async def _read_loop(self) -> None:
         decoder = protocol.FrameDecoder(self._frame_bytes_max)
         failure: XinfraError
+        answered = False  # any byte from the broker yet: a TLS broker closes plaintext at once
         try:
             while True:
                 data = await self._reader.read(READ_CHUNK_BYTES)
                 if not data:
                     failure = BackendUnavailable(
                         f"Northguard broker {self.address} closed the connection"
+                        + self._unanswered_hint(answered)
                     )
                     break
+                answered = True
                 for item in decoder.feed(data):
                     self._dispatch(item)
         except asyncio.CancelledError:
@@ -262,10 +285,17 @@ class ClientConnection:
         except (OSError, asyncio.IncompleteReadError) as error:
             failure = BackendUnavailable(
                 f"connection to Northguard broker {self.address} lost: {error}"
+                + self._unanswered_hint(answered)
             )
         except XinfraError as error:  # a connection-level ERROR from the broker
             failure = error
         self._fail(failure)
+
+    def _unanswered_hint(self, answered: bool) -> str:
+        """Why a plaintext connection may end before its first answer: the broker wants TLS."""
+        if answered or self.encrypted:
+            return ""
+        return f" before answering ({tls.PLAINTEXT_HINT})"
 
     def _dispatch(self, item: protocol.Frame) -> None:
         kind = item.type

@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import ssl
 from collections import deque
 from collections.abc import Sequence
 
@@ -129,9 +130,11 @@ class NorthguardProducer(ShardProducer):
         topic: TopicView,
         options: ProducerOptions,
         credential_source: CredentialSource | None = None,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         self._runtime = runtime
         self._credential_source = credential_source
+        self._tls_context = tls_context
         self._address = address
         self._topic = topic
         self._options = options
@@ -347,6 +350,7 @@ class NorthguardProducer(ShardProducer):
                     self._address,
                     self._options.request_timeout_s,
                     credential_source=self._credential_source,
+                    tls_context=self._tls_context,
                 )
             )
         try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import ssl
 from collections.abc import Mapping, Sequence
 from itertools import repeat
 
@@ -44,11 +45,12 @@ class NorthguardReader(ShardReader):
         options: ReaderOptions,
         timeout_s: float,
         credential_source: CredentialSource | None = None,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         self._runtime = runtime
         self._topic_name = topic
         self._options = options
-        self._admin = AdminClient(runtime, address, timeout_s, credential_source)
+        self._admin = AdminClient(runtime, address, timeout_s, credential_source, tls_context)
         self._view: TopicView | None = None
         self._positions: dict[int, int] = {}
         self._streams: dict[int, ConsumeStream] = {}
