@@ -146,6 +146,8 @@ class WriteOptions:
     token: str | None
     virtual_cluster: str | None
     topic: str
+    explicit_shards: bool
+    """Honour a ``shard`` column (``explicitShards``); without it the column is ignored."""
 
 
 WRITE_KNOWN = {
@@ -153,6 +155,7 @@ WRITE_KNOWN = {
     "token": "token",
     "virtualcluster": "virtualCluster",
     "topic": "topic",
+    "explicitshards": "explicitShards",
 }
 
 
@@ -167,6 +170,7 @@ def parse_write_options(raw: Mapping[str, str]) -> WriteOptions:
         token=get("token"),
         virtual_cluster=get("virtualCluster"),
         topic=topic,
+        explicit_shards=_bool(get("explicitShards"), "explicitShards", False),
     )
 
 

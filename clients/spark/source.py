@@ -142,8 +142,9 @@ class XinfraDataSource(DataSource):
             raise InvalidRequest(
                 "the xinfra sink only appends to a topic: use mode('append'), not 'overwrite'"
             )
-        check_schema(schema)
-        return XinfraWriter(parse_write_options(dict(self.options)))
+        options = parse_write_options(dict(self.options))
+        check_schema(schema, options.explicit_shards)
+        return XinfraWriter(options)
 
 
 class XinfraBatchReader(DataSourceReader):

@@ -18,8 +18,8 @@ from clients.spark.plan import (
     readable_epochs,
     split,
 )
-from xinfra.errors import InvalidRequest
-from xinfra.keyspace import shard_ranges
+from xinfra.errors import InvalidRequest, OffsetOutOfRange
+from xinfra.keyspace import shard_of_key, shard_ranges
 from xinfra.model import (
     ClusterKind,
     Epoch,
@@ -146,3 +146,96 @@ def test_option_defaults_follow_the_kafka_source() -> None:
     assert batch.fail_on_data_loss and not batch.include_headers
     stream = parse_options({"topics": "a", "maxRecordsPerTrigger": "10"}, streaming=True)
     assert stream.starting.kind == "latest" and stream.max_records_per_trigger == 10
+
+
+def test_the_writer_ignores_a_shard_column_unless_explicit_shards_and_checks_keyed_rows() -> None:
+    """A read's ``shard`` names a shard of the topic read: written elsewhere as it is, it must not
+    route records (the key does).  With explicitShards a keyless row goes to its shard, and a keyed
+    row naming another shard than its key's fails, naming the column, before the batch is sent."""
+    import pyarrow as pa
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from clients.spark.options import parse_write_options
+    from clients.spark.write import check_schema, rows
+
+    ranges = shard_ranges(3)
+    key = b"k1"
+    home = shard_of_key(key, 3)
+    other = (home + 1) % 3
+    frame = pa.record_batch(
+        {
+            "key": pa.array([key, None, key], pa.binary()),
+            "value": pa.array([b"a", b"b", b"c"], pa.binary()),
+            "shard": pa.array([other, 2, None], pa.int32()),
+            "offset": pa.array([7, 8, 9], pa.int64()),
+        }
+    )
+    assert [row[3] for row in rows(frame, "t", None)] == [None, None, None], "column ignored"
+    with pytest.raises(InvalidRequest, match=f"column 'shard' sends key b'k1' to shard {other}"):
+        rows(frame, "t", ranges)
+    agreeing = frame.set_column(2, "shard", pa.array([home, 2, None], pa.int32()))
+    assert [(row[0], row[3]) for row in rows(agreeing, "t", ranges)] == [
+        (key, home),
+        (None, 2),
+        (key, None),
+    ]
+
+    wrong_type = StructType(
+        [StructField("value", StringType()), StructField("shard", StringType())]
+    )
+    check_schema(wrong_type, explicit_shards=False)  # ignored like a read's topic or offset
+    with pytest.raises(InvalidRequest, match="column 'shard' has type string"):
+        check_schema(wrong_type, explicit_shards=True)
+    assert not parse_write_options({"topic": "t"}).explicit_shards
+    assert parse_write_options({"topic": "t", "explicitshards": "TRUE"}).explicit_shards
+    with pytest.raises(InvalidRequest, match="'explicitShards'"):
+        parse_write_options({"topic": "t", "explicitShards": "yes"})
+
+
+def test_timestamp_filters_give_an_exact_millisecond_lower_bound() -> None:
+    """A pushed-down ``timestamp >= t`` starts each shard at the first record at or after ``t``:
+    a bound a millisecond high would miss records."""
+    import datetime
+
+    from pyspark.sql.datasource import GreaterThanOrEqual, LessThan
+
+    from clients.spark.filters import narrowing
+
+    utc = datetime.UTC
+    for ms in (1_700_000_000_123, 1_763_912_345_001, 999):
+        at = datetime.datetime(1970, 1, 1, tzinfo=utc) + datetime.timedelta(milliseconds=ms)
+        assert narrowing([GreaterThanOrEqual(("timestamp",), at)]).timestamp_ms_min == ms
+    upper = narrowing([LessThan(("timestamp",), datetime.datetime.now(utc))])
+    assert upper.timestamp_ms_min is None, "an upper bound on timestamps is not pushed"
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_start_below_the_retained_records_fails_or_skips_per_fail_on_data_loss(
+    fail_on_data_loss: bool,
+) -> None:
+    """A checkpoint (or startingOffsets) behind retention: the plan fails naming the option, or
+    starts at the first retained record; the planner asks the backend, here a stand-in."""
+    import asyncio
+
+    from clients.spark.plan import Planner
+
+    class Retained(Planner):
+        async def retained(self, metadata: TopicMetadata, epoch: Epoch) -> dict[int, int]:
+            return {0: 5, 1: 0}
+
+    raw = {"topics": "t", "failOnDataLoss": str(fail_on_data_loss).lower()}
+    view = {"t": topic(epoch(0, ends={0: 10, 1: 10}))}
+    start, end = {("t", 0, 0): 2, ("t", 0, 1): 0}, {("t", 0, 0): 10, ("t", 0, 1): 10}
+
+    async def plan() -> list[Slice]:
+        planner = Retained(parse_options(raw, streaming=False))
+        try:
+            return await planner.slices(view, start, end)
+        finally:
+            await planner.close()
+
+    if fail_on_data_loss:
+        with pytest.raises(OffsetOutOfRange, match=r"3 records .* shard 0 .*'failOnDataLoss'"):
+            asyncio.run(plan())
+    else:
+        assert [(s.shard, s.start, s.end) for s in asyncio.run(plan())] == [(0, 5, 10), (1, 0, 10)]
