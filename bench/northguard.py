@@ -22,7 +22,13 @@ first alternating from round to round:
   (``report.OpenLoop``), so a stall shows in every record due during it.
   Same linger (1 ms) both sides.  Like every timed loop here, it runs under
   ``frozen_heap``: what the bench process holds from other phases is not
-  rescanned by the collector; what the clients allocate is collected as usual.
+  rescanned by the collector; what the clients allocate is collected as usual;
+* the cost of TLS: a second Northguard broker, same settings, its client
+  port TLS (``--tls-cert``, a P-256 test certificate; TLS 1.3 negotiated),
+  and the same 100 B produce to both brokers back to back, the first
+  alternating from round to round; ``tls_produce_ratio`` is TLS over plain
+  per round (target >= 0.8, hard).  Both sides pay the TLS handshake only
+  when a producer connects: the timed loop measures the record path.
 
 The peer is tuned as its experts would run it (its configuration is in the
 JSON ``config``): idempotent ``acks=all`` producer with the same linger and
@@ -32,8 +38,8 @@ the comparison favours it, ``machine.peer`` says so.  The Northguard broker's
 own counters (flushes, fsyncs, read-cache hits) for the run, the data
 directory's filesystem and whether O_DIRECT was granted are in ``machine``.
 
-Targets: Northguard produce p99 at 10k records/s < 20 ms (hard); the ratios
-against tansu are reported (``"hard": false``): leading tansu is a later issue.
+Targets: Northguard produce p99 at 10k records/s < 20 ms (hard), TLS produce
+>= 0.8x plain (hard); the ratios against tansu are reported (``"hard": false``): leading tansu is a later issue.
 
     .venv/bin/python bench/northguard.py --quick
 """
@@ -71,6 +77,7 @@ from report import (  # bench/report.py: what every bench shares
 
 from backends.northguard.backend import NorthguardBackend
 from backends.northguard.launcher import start_northguard_broker
+from backends.northguard.tls import CA_ATTRIBUTE, TLS_ATTRIBUTE, make_test_certificates
 from xinfra.backend import ProducerOptions, ReaderOptions, ShardProducer
 from xinfra.errors import Backpressure
 from xinfra.keyspace import shard_ranges
@@ -85,6 +92,7 @@ BATCH_BYTES_MAX = 1 << 20
 BUFFER_BYTES_MAX = 64 << 20
 FETCH_BYTES_MAX = 32 << 20
 SIDES = ("northguard", "tansu")
+TLS_VARIANTS = ("plain", "tls")
 
 
 def progress(message: str) -> None:
@@ -437,12 +445,14 @@ async def one_round(
     number: int,
     order: list[str],
     ng: NorthguardBackend,
+    ng_tls: NorthguardBackend,
     kafka_url: str,
     values: dict[int, list[bytes]],
     args: argparse.Namespace,
     rounds: Rounds,
 ) -> None:
-    """Produce 100 B, produce 1 KiB, consume, latency; each step runs both sides in ``order``."""
+    """Produce 100 B, produce 1 KiB, consume, latency; each step runs both sides in ``order``.
+    Then the 100 B produce again to the plain and the TLS Northguard broker, back to back."""
     from backends.kafka.backend import KafkaBackend
 
     kafka = KafkaBackend(PhysicalCluster(name="k", kind=ClusterKind.KAFKA, bootstrap=kafka_url))
@@ -510,6 +520,24 @@ async def one_round(
         )
     )
 
+    # The cost of TLS: plain and TLS brokers, same work, back to back, first alternating.
+    tls_order = TLS_VARIANTS if number % 2 == 0 else TLS_VARIANTS[::-1]
+    for variant in tls_order:
+        backend = ng if variant == "plain" else ng_tls
+        topic = f"r{number}-{variant}-p100"
+        await backend.create_topic(topic, shard_ranges(args.shards))
+        producer = backend.producer(topic, ng_options(LINGER_MS))
+        rate = await ng_produce(producer, values[100], args.records, args)
+        await producer.close()
+        rounds.add(f"northguard_{variant}_produce_100b_records_per_s", rate)
+    progress(
+        f"round {number} produce 100b plain vs TLS: "
+        + ", ".join(
+            f"{variant} {rounds.values[f'northguard_{variant}_produce_100b_records_per_s'][-1]:,.0f}/s"
+            for variant in TLS_VARIANTS
+        )
+    )
+
 
 async def run(args: argparse.Namespace) -> tuple[Rounds, dict[str, Any]]:
     rounds = Rounds()
@@ -519,10 +547,25 @@ async def run(args: argparse.Namespace) -> tuple[Rounds, dict[str, Any]]:
         data_dir = Path(run_dir) / "ng-data"
         tansu = start_kafka(Path(run_dir))
         northguard = start_northguard_broker(data_dir, log_path=Path(run_dir) / "ng.log")
+        certificates = make_test_certificates(Path(run_dir) / "tls")
+        northguard_tls = start_northguard_broker(
+            Path(run_dir) / "ng-tls-data",
+            broker_id="2",
+            log_path=Path(run_dir) / "ng-tls.log",
+            tls=certificates,
+        )
         metrics_url = f"http://127.0.0.1:{northguard.http_port}/metrics"
         try:
             ng = NorthguardBackend(
                 PhysicalCluster(name="ng", kind=ClusterKind.NORTHGUARD, bootstrap=northguard.url)
+            )
+            ng_tls = NorthguardBackend(
+                PhysicalCluster(
+                    name="ng-tls",
+                    kind=ClusterKind.NORTHGUARD,
+                    bootstrap=northguard_tls.url,
+                    attributes={TLS_ATTRIBUTE: "true", CA_ATTRIBUTE: str(certificates.ca)},
+                )
             )
             progress(f"northguard at {northguard.url}, tansu at {tansu.url}")
             # warm both sides (connections, code paths) on a topic of their own
@@ -530,19 +573,30 @@ async def run(args: argparse.Namespace) -> tuple[Rounds, dict[str, Any]]:
             producer = ng.producer("warm", ng_options(LINGER_MS))
             await ng_produce(producer, values[100], args.batch * args.shards * 4, args)
             await producer.close()
+            await ng_tls.create_topic("warm", shard_ranges(args.shards))
+            producer = ng_tls.producer("warm", ng_options(LINGER_MS))
+            await ng_produce(producer, values[100], args.batch * args.shards * 4, args)
+            await producer.close()
             before = prometheus_counters(metrics_url, "northguard_")
             for number, order in enumerate(alternating(args.rounds, list(SIDES))):
-                await one_round(number, order, ng, tansu.url, values, args, rounds)
+                await one_round(number, order, ng, ng_tls, tansu.url, values, args, rounds)
             after = prometheus_counters(metrics_url, "northguard_")
             await ng.close()
+            await ng_tls.close()
             facts = broker_facts(delta(before, after), after, data_dir)
         finally:
             northguard.stop()
+            northguard_tls.stop()
             tansu.stop()
     for kind in ("produce_100b", "produce_1k", "consume_100b"):
         rounds.ratio(
             f"{kind}_ratio", f"northguard_{kind}_records_per_s", f"tansu_{kind}_records_per_s"
         )
+    rounds.ratio(
+        "tls_produce_ratio",
+        "northguard_tls_produce_100b_records_per_s",
+        "northguard_plain_produce_100b_records_per_s",
+    )
     return rounds, facts
 
 
@@ -592,6 +646,7 @@ def main() -> None:
         "produce_100b_ratio_vs_tansu": report_only(figures["produce_100b_ratio"], 1.0),
         "produce_1k_ratio_vs_tansu": report_only(figures["produce_1k_ratio"], 1.0),
         "consume_100b_ratio_vs_tansu": report_only(figures["consume_100b_ratio"], 1.0),
+        "tls_produce_ratio": target(figures["tls_produce_ratio"], 0.8, ">="),
     }
     finish(
         "northguard",
@@ -615,6 +670,9 @@ def main() -> None:
             },
             "northguard_reader": {"fetch_bytes_max": FETCH_BYTES_MAX, "poll_records": POLL_RECORDS},
             "northguard_broker": "fps store, defaults (group commit 10 ms), fsync per group commit",
+            "northguard_tls": "a second broker, same settings and disk, client port TLS 1.2+ "
+            "(P-256 test certificate, TLS 1.3 negotiated); 100 B produce to the plain and the TLS "
+            "broker back to back per round, first alternating; machine facts are the plain one's",
             "tansu_producer": kafka_producer_config("<tansu>", LINGER_MS),
             "tansu_latency_producer": kafka_producer_config("<tansu>", LATENCY_LINGER_MS),
             "tansu_consumer": kafka_consumer_config("<tansu>"),
