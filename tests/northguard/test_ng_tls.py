@@ -12,6 +12,7 @@ over TLS.
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import time
 import urllib.request
@@ -24,9 +25,8 @@ from cryptography import x509
 from ng_harness import backend_for
 from typer.testing import CliRunner
 
-from backends.northguard import credentials, tls
+from backends.northguard import cli, credentials, tls
 from backends.northguard.backend import NorthguardBackend
-from backends.northguard.cli import app
 from backends.northguard.client.blocking import request_blocking
 from backends.northguard.launcher import NorthguardProcess, start_northguard_broker
 from backends.northguard.tls import CertificateFiles, make_test_certificates
@@ -136,10 +136,20 @@ def test_contexts_refuse_anything_below_tls_1_2_and_verify_the_broker(
         tls.client_context({tls.TLS_ATTRIBUTE: "maybe"})
 
 
-def test_the_broker_wants_both_certificate_and_key(certificates: CertificateFiles) -> None:
-    result = CliRunner().invoke(app, ["broker", "--tls-cert", str(certificates.cert)])
+def test_the_broker_wants_both_certificate_and_key(
+    certificates: CertificateFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def never(*_: object) -> None:
+        raise AssertionError("the broker started with half a TLS configuration")
+
+    monkeypatch.setattr(cli, "run_broker", never)
+    result = CliRunner().invoke(cli.app, ["broker", "--tls-cert", str(certificates.cert)])
     assert result.exit_code == 2
     assert "--tls-key" in result.output
+    # The environment equivalents are the same options.
+    result = CliRunner().invoke(cli.app, ["broker"], env={tls.KEY_ENV: str(certificates.key)})
+    assert result.exit_code == 2
+    assert "--tls-cert" in result.output
 
 
 # -- a TLS broker -------------------------------------------------------------------------------
@@ -163,6 +173,12 @@ async def test_a_tls_client_with_the_cluster_ca_produces_and_consumes_end_to_end
         tls_broker.url, "topic_metadata", TIMEOUT_S, tls_context=context, name="tls-e2e"
     )
     assert result["name"] == "tls-e2e"
+    assert context is not None
+    with (
+        socket.create_connection(("127.0.0.1", tls_broker.port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1") as sock,
+    ):
+        assert sock.version() in ("TLSv1.2", "TLSv1.3")
     # The health and metrics port stays plain HTTP.
     url = f"http://127.0.0.1:{tls_broker.http_port}/health"
     with urllib.request.urlopen(url, timeout=10) as response:
