@@ -9,6 +9,7 @@ once, with each key's records in order.  One SparkSession serves the module
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import threading
 import uuid
@@ -104,7 +105,7 @@ def test_batch_reads_a_kafka_then_northguard_topic_with_a_dual_write_overlap_onc
     tansu_deviations: dict[str, str],
 ) -> None:
     from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, LessThan
-    from pyspark.sql.functions import spark_partition_id
+    from pyspark.sql.functions import col, lit, spark_partition_id
 
     live_admin = live.admin()
     asyncio.run(live.create_topic("orders", kafka, 3))
@@ -117,7 +118,9 @@ def test_batch_reads_a_kafka_then_northguard_topic_with_a_dual_write_overlap_onc
     # ... then the Kafka epoch is sealed and the Northguard one carries on alone.
     live_admin.update_epoch(VC, "orders", 0, "sealed")
     metadata = live_admin.update_epoch(VC, "orders", 1, "active")
-    after = produce(live, "orders", range(300, 420))
+    after = produce(live, "orders", range(300, 360))
+    later = produce(live, "orders", range(360, 420))  # a later producer: later timestamps
+    after |= later
     live_admin.close()
     ledger |= dual | after
     assert {p.epoch for p in dual.values()} == {0}, "a dual write acknowledges the source"
@@ -167,6 +170,39 @@ def test_batch_reads_a_kafka_then_northguard_topic_with_a_dual_write_overlap_onc
     got = values_of([r for r in recent if r.epoch in checked])
     assert set(got) == expected and len(got) == len(expected)
 
+    # endingTimestamp: each (epoch, shard) up to its first record at or after it.
+    until_ms = min(ms(r) for r in rows if bytes(r.value) in later)
+    stops: dict[tuple[int, int], int] = {}
+    for r in sorted(rows, key=lambda r: r.offset):
+        if ms(r) >= until_ms:
+            stops.setdefault((r.epoch, r.shard), r.offset)
+    early = batch(spark, live, topics="orders", endingTimestamp=until_ms).collect()
+    expected = {
+        bytes(r.value)
+        for r in rows
+        if r.epoch in checked and r.offset < stops.get((r.epoch, r.shard), 1 << 62)
+    }
+    assert {v for v in expected if ledger[v].epoch == 1} == set(after) - set(later)
+    got = values_of([r for r in early if r.epoch in checked])
+    assert set(got) == expected and len(got) == len(expected)
+
+    # A pushed-down lower bound on timestamp starts each shard at its first record at or after
+    # it: counted, epoch 1's slices skip its mirrored prefix, and (where the broker answers
+    # by-timestamp lookups right) epoch 0, all older, is not read at all.
+    since = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC) + datetime.timedelta(
+        milliseconds=since_ms
+    )
+    narrowed = planned(live, [GreaterThanOrEqual(("timestamp",), since)], topics="orders")
+    assert {(s.shard, s.start) for s in narrowed if s.epoch == 1} == {
+        (shard, offset) for (number, shard), offset in firsts.items() if number == 1
+    }
+    assert all(s.start > 0 for s in narrowed if s.epoch == 1), "the mirrored prefix skipped"
+    if 0 in checked:
+        assert not [s for s in narrowed if s.epoch == 0]
+    # Through Spark (a timestamp literal, converted by Spark): exactly the rows at or after it.
+    through = df.where(col("timestamp") >= lit(since)).collect()
+    assert sorted(values_of(through)) == sorted(bytes(r.value) for r in rows if ms(r) >= since_ms)
+
     assert [(s.epoch, s.shard) for s in planned(live, [], topics="orders")] == [
         (e, s) for e in (0, 1) for s in range(3)
     ], "one slice per (epoch, shard)"
@@ -197,6 +233,8 @@ def test_batch_reads_a_kafka_then_northguard_topic_with_a_dual_write_overlap_onc
 
 
 def test_offsets_options_and_headers(spark: Any, live: LiveService, kafka: str) -> None:
+    from pyspark.sql.datasource import EqualTo, In
+
     asyncio.run(live.create_topic("events", kafka, 2))
     ledger = produce(live, "events", range(60), headers=[("source", b"test")])
     ends = {s: 1 + max(p.offset for p in ledger.values() if p.shard == s) for s in (0, 1)}
@@ -226,6 +264,11 @@ def test_offsets_options_and_headers(spark: Any, live: LiveService, kafka: str) 
     more = produce(live, "events-b", range(100, 110))
     both = batch(spark, live, topicPattern="events.*").collect()
     assert_exactly_once(values_of(both), set(ledger) | set(more))
+    # Filters on topic and IN on shard narrow the plan (counted: the slices tasks would read).
+    only_b = planned(live, [EqualTo(("topic",), "events-b")], topicPattern="events.*")
+    assert [(s.topic, s.shard, s.start, s.end) for s in only_b] == [("events-b", 0, 0, 10)]
+    one_shard = planned(live, [In(("shard",), (1,))], topics="events")
+    assert [(s.shard, s.start, s.end) for s in one_shard] == [(1, 0, ends[1])]
 
 
 BAD_OPTIONS = [  # every rule is in test_spark_plan.py; these show the message comes through Spark
