@@ -11,6 +11,7 @@ over TLS.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import ssl
@@ -78,11 +79,22 @@ async def tls_client(
     await backend.close()
 
 
-async def produce_and_consume(backend: NorthguardBackend, name: str, count: int = 20) -> None:
-    """Create ``name``, produce ``count`` records to shard 1, read them back (bounded wait)."""
+def value(i: int, size: int) -> bytes:
+    return (b"v%d:" % i).ljust(size, b"x")
+
+
+async def produce_and_consume(
+    backend: NorthguardBackend, name: str, count: int = 20, size: int = 16
+) -> None:
+    """Create ``name``, produce ``count`` records of ``size`` bytes to shard 1 (in sends of
+    500), read them back in order (bounded wait)."""
     await backend.create_topic(name, shard_ranges(2))
     producer = backend.producer(name)
-    offsets = await producer.send(1, [Record(b"v%d" % i, key=b"k") for i in range(count)])
+    sends = [
+        producer.send(1, [Record(value(i, size), key=b"k") for i in range(first, last)])
+        for first, last in ((n, min(n + 500, count)) for n in range(0, count, 500))
+    ]
+    offsets = [offset for chunk in await asyncio.gather(*sends) for offset in chunk]
     assert offsets == list(range(count))
     reader = backend.reader(name)
     reader.assign({1: 0})
@@ -90,7 +102,7 @@ async def produce_and_consume(backend: NorthguardBackend, name: str, count: int 
     deadline = time.monotonic() + 30
     while len(got) < count and time.monotonic() < deadline:
         got += [r.value for r in await reader.poll(timeout_s=1.0)]
-    assert got == [b"v%d" % i for i in range(count)]
+    assert got == [value(i, size) for i in range(count)]
     await reader.close()
     await producer.close()
 
@@ -159,7 +171,7 @@ async def test_a_tls_client_with_the_cluster_ca_produces_and_consumes_end_to_end
     tls_broker: NorthguardProcess, tls_client: NorthguardBackend, certificates: CertificateFiles
 ) -> None:
     await tls_client.check()
-    await produce_and_consume(tls_client, "tls-e2e")
+    await produce_and_consume(tls_client, "tls-e2e", count=4000, size=1024)  # 4 MB each way
     # A second client has no view of the topic: its producer asks by the blocking one-off.
     other = backend_for(tls_broker.url, **tls_attributes(certificates.ca))
     try:
