@@ -46,6 +46,13 @@ class UnsupportedVersion(ProtocolError):
     code = "unsupported_version"
 
 
+class OutOfOrderSequence(InvalidRequest):
+    """A producer's batch sequence skips ahead of the next expected one (batches were lost in
+    between) or falls before the broker's duplicate window; the producer must take a fresh id."""
+
+    code = "out_of_order_sequence"
+
+
 class RecordTooLarge(InvalidRequest):
     code = "record_too_large"
     http_status = 413
@@ -117,6 +124,13 @@ class Fenced(Conflict):
     """A newer generation, term or epoch has taken over; this request is stale."""
 
     code = "fenced"
+
+
+class ProducerFenced(Fenced):
+    """A batch carries an older epoch of its producer id than the broker has seen: a newer
+    incarnation of that producer took over; this one must stop (or take a fresh id)."""
+
+    code = "producer_fenced"
 
 
 class UnknownMember(Fenced):

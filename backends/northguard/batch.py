@@ -2,9 +2,19 @@
 
 Layout (little endian)::
 
-    magic u8 | crc32c u32 | count u32 | min_timestamp_ms i64 | max_timestamp_ms i64 | records
+    magic u8 | crc32c u32 | count u32 | min_timestamp_ms i64 | max_timestamp_ms i64 |
+    producer_id i64 | producer_epoch i16 | sequence i32 | records
 
-The CRC32C covers every byte after the CRC field.  Each record is::
+The CRC32C covers every byte after the CRC field, the producer fields
+included: a damaged producer id or sequence is a CRC failure, never a wrong
+duplicate decision.  ``producer_id`` -1 marks a batch with no producer
+identity (never deduplicated); otherwise ``sequence`` numbers the producer's
+batches to one range consecutively from 0 and ``producer_epoch`` fences
+older incarnations of the same id.  Because the identity travels in the
+stored bytes, a broker rebuilds its duplicate table from the log after a
+restart (``broker/range_log``).  Magic 1 (the format before the producer
+fields) is still checked and read, as a batch with no identity, so data
+directories written before the change stay readable.  Each record is::
 
     timestamp_ms i64 | key_len i32 | value_len i32 | header_count u16 | key | value |
     header_count x (name_len u16 | value_len u32 | name | value)
@@ -26,9 +36,14 @@ import crc32c
 from xinfra.errors import CorruptData, InvalidRequest
 from xinfra.model import Header, Record
 
-BATCH_MAGIC = 1
-HEADER = struct.Struct("<BIIqq")
+BATCH_MAGIC = 2
+HEADER = struct.Struct("<BIIqqqhi")
 HEADER_BYTES = HEADER.size
+_HEADER_V1 = struct.Struct("<BIIqq")
+_PRODUCER = struct.Struct("<qhi")
+_PRODUCER_AT = _HEADER_V1.size
+NO_PRODUCER = -1
+"""``producer_id`` of a batch that carries no producer identity."""
 _CRC_FROM = 5  # bytes after magic and CRC
 _RECORD = struct.Struct("<qiiH")
 _HEADER = struct.Struct("<HI")
@@ -36,8 +51,18 @@ BATCH_RECORDS_MAX = 1_000_000
 """A batch holds at most this many records (producers cut batches far earlier)."""
 
 
-def encode_batch(records: Sequence[Record], now_ms: int) -> bytes:
-    """Encode records (at least one) as one batch; ``now_ms`` stamps records without a timestamp."""
+def encode_batch(
+    records: Sequence[Record],
+    now_ms: int,
+    *,
+    producer_id: int = NO_PRODUCER,
+    producer_epoch: int = 0,
+    sequence: int = -1,
+) -> bytes:
+    """Encode records (at least one) as one batch; ``now_ms`` stamps records without a timestamp.
+
+    ``producer_id``/``producer_epoch``/``sequence`` make the batch idempotent (see the module
+    docstring); the defaults leave it without an identity."""
     count = len(records)
     if not 0 < count <= BATCH_RECORDS_MAX:
         raise InvalidRequest(f"a batch holds 1..{BATCH_RECORDS_MAX} records, not {count}")
@@ -77,10 +102,35 @@ def encode_batch(records: Sequence[Record], now_ms: int) -> bytes:
                 append(encoded)
                 append(header_value)
     assert min_ts is not None and max_ts is not None
-    parts[0] = HEADER.pack(BATCH_MAGIC, 0, count, min_ts, max_ts)
+    parts[0] = HEADER.pack(
+        BATCH_MAGIC, 0, count, min_ts, max_ts, producer_id, producer_epoch, sequence
+    )
     data = bytearray(b"".join(parts))
     struct.pack_into("<I", data, 1, crc32c.crc32c(memoryview(data)[_CRC_FROM:]))
     return bytes(data)
+
+
+def restamp_batch(data: bytes, producer_id: int, producer_epoch: int, sequence: int) -> bytes:
+    """The same batch under another producer identity (a producer that took a fresh id after a
+    failure renumbers what it had queued); the CRC is recomputed, the records untouched."""
+    assert data[0] == BATCH_MAGIC, "only a current batch is restamped"
+    out = bytearray(data)
+    _PRODUCER.pack_into(out, _PRODUCER_AT, producer_id, producer_epoch, sequence)
+    struct.pack_into("<I", out, 1, crc32c.crc32c(memoryview(out)[_CRC_FROM:]))
+    return bytes(out)
+
+
+def batch_producer(data: bytes | memoryview) -> tuple[int, int, int]:
+    """``(producer_id, producer_epoch, sequence)`` from a batch header (no CRC check: for bytes
+    already checked); ``(NO_PRODUCER, 0, -1)`` for a batch of the format without them."""
+    if data[0] != BATCH_MAGIC:
+        return NO_PRODUCER, 0, -1
+    producer_id, epoch, sequence = _PRODUCER.unpack_from(data, _PRODUCER_AT)
+    return producer_id, epoch, sequence
+
+
+def _header_bytes(data: bytes | memoryview) -> int:
+    return HEADER_BYTES if data[0] == BATCH_MAGIC else _HEADER_V1.size
 
 
 def check_batch(data: bytes | memoryview) -> tuple[int, int, int]:
@@ -89,23 +139,33 @@ def check_batch(data: bytes | memoryview) -> tuple[int, int, int]:
     Raises ``CorruptData`` on a CRC mismatch and ``InvalidRequest`` on a bad
     header.  Never decodes the records: this is the broker's hot path.
     """
-    if len(data) < HEADER_BYTES:
-        raise InvalidRequest(f"a batch has at least {HEADER_BYTES} bytes, not {len(data)}")
-    magic, crc, count, min_ts, max_ts = HEADER.unpack_from(data)
-    if magic != BATCH_MAGIC:
+    header = HEADER if len(data) and data[0] == BATCH_MAGIC else _HEADER_V1
+    if len(data) < header.size:
+        raise InvalidRequest(f"a batch has at least {header.size} bytes, not {len(data)}")
+    producer_id, epoch, sequence = NO_PRODUCER, 0, -1
+    if header is HEADER:
+        magic, crc, count, min_ts, max_ts, producer_id, epoch, sequence = HEADER.unpack_from(data)
+    else:
+        magic, crc, count, min_ts, max_ts = _HEADER_V1.unpack_from(data)
+    if magic not in (1, BATCH_MAGIC):
         raise InvalidRequest(f"batch magic {magic} is not {BATCH_MAGIC}")
     if crc32c.crc32c(memoryview(data)[_CRC_FROM:]) != crc:
         raise CorruptData("record batch CRC32C mismatch: the batch was damaged; it is not stored")
     if not 0 < count <= BATCH_RECORDS_MAX:
         raise InvalidRequest(f"a batch holds 1..{BATCH_RECORDS_MAX} records, not {count}")
-    if count * _RECORD.size > len(data) - HEADER_BYTES or min_ts > max_ts:
+    if count * _RECORD.size > len(data) - header.size or min_ts > max_ts:
         raise InvalidRequest("batch header does not match its size or timestamps")
+    if producer_id != NO_PRODUCER and (producer_id < 0 or epoch < 0 or sequence < 0):
+        raise InvalidRequest(
+            f"batch producer id {producer_id}, epoch {epoch}, sequence {sequence}: "
+            "an idempotent batch has all three non-negative"
+        )
     return count, min_ts, max_ts
 
 
 def batch_count(data: bytes | memoryview) -> int:
     """The record count from a batch header (no CRC check: for bytes already checked)."""
-    count: int = HEADER.unpack_from(data)[2]
+    count: int = _HEADER_V1.unpack_from(data)[2]
     return count
 
 
@@ -115,10 +175,10 @@ DecodedRecord = tuple[int, bytes | None, bytes | None, tuple[Header, ...]]
 
 def decode_batch(data: bytes, skip: int = 0) -> list[DecodedRecord]:
     """Every record of a checked batch from index ``skip`` on; ``CorruptData`` if it does not parse."""
-    count: int = HEADER.unpack_from(data)[2]
+    count: int = _HEADER_V1.unpack_from(data)[2]
     unpack = _RECORD.unpack_from
     size = _RECORD.size
-    position = HEADER_BYTES
+    position = _header_bytes(data)
     out: list[DecodedRecord] = []
     append = out.append
     try:

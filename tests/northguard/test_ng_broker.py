@@ -32,7 +32,8 @@ def records(count: int, start: int = 0, size: int = 10) -> list[Record]:
 async def test_the_broker_uses_the_fps_store_and_recovers_everything_after_a_restart(
     tmp_path: Path,
 ) -> None:
-    broker = await in_process_broker(tmp_path, segment_bytes_max=2000)
+    # 2200: one more 1-record batch fits the last segment (batches carry 22 bytes of producer id)
+    broker = await in_process_broker(tmp_path, segment_bytes_max=2200)
     assert isinstance(broker.store, FpsStore)
     backend = backend_for(f"127.0.0.1:{broker.port}")
     await backend.create_topic("t", shard_ranges(3), {"retention.ms": "3600000"})
@@ -49,7 +50,7 @@ async def test_the_broker_uses_the_fps_store_and_recovers_everything_after_a_res
     await backend.close()
     await broker.stop()
 
-    broker = await in_process_broker(tmp_path, segment_bytes_max=2000)
+    broker = await in_process_broker(tmp_path, segment_bytes_max=2200)
     backend = backend_for(f"127.0.0.1:{broker.port}")
     info = await backend.describe_topic("t")
     assert info.shards == shard_ranges(3) and info.config == {"retention.ms": "3600000"}

@@ -11,7 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends.northguard import protocol
-from backends.northguard.batch import HEADER_BYTES, check_batch, decode_batch, encode_batch
+from backends.northguard.batch import (
+    BATCH_MAGIC,
+    HEADER_BYTES,
+    check_batch,
+    decode_batch,
+    encode_batch,
+)
 from backends.northguard.protocol import FrameDecoder, MsgType
 from xinfra.errors import (
     CorruptData,
@@ -57,7 +63,7 @@ def test_every_flipped_byte_of_a_batch_is_detected() -> None:
 
 def test_short_and_empty_batches_are_refused() -> None:
     with pytest.raises(InvalidRequest):
-        check_batch(b"\x01" * (HEADER_BYTES - 1))
+        check_batch(bytes([BATCH_MAGIC]) + b"\x01" * (HEADER_BYTES - 2))
     with pytest.raises(InvalidRequest):
         encode_batch([], 0)
 

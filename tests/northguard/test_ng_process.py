@@ -136,7 +136,7 @@ def test_bad_appends_fail_their_stream_not_the_connection(ng_address: str, topic
     open_produce(client, topic_name, 3)
     client.send(protocol.encode_append(3, 5, batch) + protocol.encode_append(3, 7, batch))
     error = stream_error(client)  # sequence 7 skips 6 (the stream fails before 5 is acknowledged)
-    assert error["code"] == "invalid_request" and "skips 6" in error["message"]
+    assert error["code"] == "out_of_order_sequence" and "skips 6" in error["message"]
 
     assert "result" in client.request("seal_topic", name=topic_name)
     open_produce(client, topic_name, 4)

@@ -6,10 +6,18 @@ fails with ``Backpressure``.  Acks are coalesced: every append that commits
 in one event-loop turn (one group commit) is acknowledged by one Ack frame
 that lists their base offsets and repeats the window.
 
-Sequence numbers are per (producer id, range) and consecutive.  A sequence
-number already seen within ``DEDUP_APPENDS_MAX`` is a resend: it is answered
-with the original append's offset, never appended again (unless the original
-failed, in which case it is appended anew).
+Sequence numbers are per (producer id, range) and consecutive.  A batch
+carries its producer id, epoch and sequence in its header (``batch``); the
+Append's sequence number must equal the batch's, and a batch without an
+identity (the old format) takes the stream's producer id and the Append's
+number, deduplicated in memory only.  A sequence number already seen within
+``DEDUP_APPENDS_MAX`` is a resend: it is answered with the original append's
+offset, never appended again (unless the original failed, in which case it
+is appended anew), also after a broker restart (the range log rebuilds the
+table from the stored batches; Appends that arrive before it has are held,
+inside the window, and admitted in order once it has).  A gap or a resend
+older than the window is ``OutOfOrderSequence``; an older epoch,
+``ProducerFenced``.
 """
 
 from __future__ import annotations
@@ -19,10 +27,10 @@ from collections import deque
 from collections.abc import Callable
 
 from backends.northguard import protocol
-from backends.northguard.batch import check_batch
+from backends.northguard.batch import NO_PRODUCER, batch_count, batch_producer, check_batch
 from backends.northguard.broker.metrics import BrokerMetrics
 from backends.northguard.broker.range_log import DEDUP_APPENDS_MAX, RangeLog
-from xinfra.errors import Backpressure, InvalidRequest, XinfraError
+from xinfra.errors import Backpressure, InvalidRequest, OutOfOrderSequence, XinfraError
 
 PRODUCE_WINDOW_BYTES_MAX = 32 << 20
 """The largest produce window a broker grants one stream (unacknowledged Append bytes)."""
@@ -51,31 +59,63 @@ class ProduceSession:
         self._flush_scheduled = False
         self._closed = False
         self._loop = asyncio.get_running_loop()
+        self._held: deque[tuple[int, bytes]] = deque()  # until the range's producer table loads
+        self._held_bytes = 0
 
     def on_append(self, seq: int, batch: memoryview) -> None:
         """Handle one Append; raises an ``XinfraError`` that fails this stream only."""
         size = len(batch)
-        if self._inflight_bytes + size > self.window_bytes and self._pending:
+        unacked = self._inflight_bytes + self._held_bytes
+        if unacked + size > self.window_bytes and (self._pending or self._held):
             raise Backpressure(
                 f"append of {size} bytes exceeds the window of {self.window_bytes} bytes "
-                f"({self._inflight_bytes} unacknowledged)"
+                f"({unacked} unacknowledged)"
             )
-        count, _, _ = check_batch(batch)
-        state = self.range_log.producer(self.producer_id, seq)
+        check_batch(batch)
+        if self._held or not self.range_log.producers_loaded.done():
+            if not self._held:
+                self.range_log.producers_loaded.add_done_callback(self._admit_held)
+            self._held.append((seq, bytes(batch)))
+            self._held_bytes += size
+            return
+        self._admit(seq, batch)
+
+    def _admit_held(self, _: asyncio.Future[None]) -> None:
+        """The producer table is loaded: admit the held Appends in order (a refusal fails the stream)."""
+        while self._held and not self._closed:
+            seq, batch = self._held.popleft()
+            self._held_bytes -= len(batch)
+            try:
+                self._admit(seq, memoryview(batch))
+            except XinfraError as error:
+                self.close()
+                self._on_error(self.stream_id, error)
+                return
+
+    def _admit(self, seq: int, batch: memoryview) -> None:
+        """Decide whether a checked batch is new or a resend, and append or answer it."""
+        size = len(batch)
+        count = batch_count(batch)
+        producer_id, epoch, batch_seq = batch_producer(batch)
+        if producer_id == NO_PRODUCER:
+            producer_id, epoch, batch_seq = self.producer_id, 0, seq
+        elif batch_seq != seq:
+            raise InvalidRequest(f"append sequence {seq} differs from its batch's {batch_seq}")
+        state = self.range_log.producer(producer_id, seq, epoch)
         if seq > state.next_seq:
-            raise InvalidRequest(f"sequence number {seq} skips {state.next_seq} (appends lost?)")
+            raise OutOfOrderSequence(
+                f"producer {producer_id} sequence {seq} skips {state.next_seq} on range "
+                f"{self.range_log.meta.range_id} (batches lost in between); take a fresh producer id"
+            )
         future = state.recent.get(seq) if seq < state.next_seq else None
         if seq < state.next_seq and future is None:
-            raise InvalidRequest(
-                f"sequence number {seq} is older than the duplicate window of {DEDUP_APPENDS_MAX}"
+            raise OutOfOrderSequence(
+                f"producer {producer_id} sequence {seq} is older than the duplicate window of "
+                f"{DEDUP_APPENDS_MAX} appends (next is {state.next_seq})"
             )
         if future is None or (future.done() and future.exception() is not None):
             future = self.range_log.append(bytes(batch), count)
-            state.recent[seq] = future
-            if seq == state.next_seq:
-                state.next_seq = seq + 1
-            while len(state.recent) > DEDUP_APPENDS_MAX:
-                state.recent.popitem(last=False)
+            state.remember(seq, future)
             metrics = self._metrics
             metrics.appends.inc()
             metrics.append_bytes.inc(size)
@@ -123,6 +163,8 @@ class ProduceSession:
 
     def close(self) -> None:
         self._closed = True
+        self._held.clear()
+        self._held_bytes = 0
         for _, future, _ in self._pending:
             if future.done():
                 _retrieve(future)

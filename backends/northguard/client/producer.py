@@ -9,8 +9,11 @@ window has room; Acks resolve each ``send`` future with its offsets.
 connection dropped, the broker restarted, the range rolled its segment), its
 unacknowledged batches go back to the head of the shard's queue, in order,
 and are resent with the same sequence numbers on a new stream: the broker
-drops those it already has (within its lifetime), so order holds and
-duplicates only appear across a broker crash (at-least-once).  Reopens back
+drops those it already has, so order holds and a resend is stored once.
+Each batch carries the producer id, epoch and its per-range sequence number
+in its header (the broker rebuilds its duplicate table from the stored
+batches), so this holds across a broker restart too, within the broker's
+duplicate window.  Reopens back
 off exponentially with jitter (``RETRY_BACKOFF_S_MIN`` to ``_MAX``, reset by
 the next Ack), so a broker that refuses every stream (a failed disk) is never
 hammered.
@@ -42,7 +45,7 @@ import ssl
 from collections import deque
 from collections.abc import Sequence
 
-from backends.northguard.batch import encode_batch
+from backends.northguard.batch import encode_batch, restamp_batch
 from backends.northguard.client.admin import TopicView
 from backends.northguard.client.connection import ClientConnection, CredentialSource
 from backends.northguard.client.produce_stream import ProduceStream
@@ -57,6 +60,10 @@ from xinfra.errors import (
 from xinfra.model import Record
 
 log = logging.getLogger(__name__)
+
+PRODUCER_EPOCH = 0
+"""Every producer id is fresh (random, 63 bits), so its first epoch is its only one; the field
+is for ids that outlive a process (a transactional id), whose new incarnation fences the old."""
 
 RETRY_BACKOFF_S_MIN = 0.05
 RETRY_BACKOFF_S_MAX = 2.0
@@ -220,7 +227,14 @@ class NorthguardProducer(ShardProducer):
             state.timer = None
         if not state.records:
             return
-        data = encode_batch(state.records, self._runtime.wall_ms())
+        seq = self._take_seq(state.range_id)
+        data = encode_batch(
+            state.records,
+            self._runtime.wall_ms(),
+            producer_id=self._producer_id,
+            producer_epoch=PRODUCER_EPOCH,
+            sequence=seq,
+        )
         batch = _Batch(
             data,
             len(state.records),
@@ -230,7 +244,7 @@ class NorthguardProducer(ShardProducer):
         state.records = []
         state.parts = []
         state.pending_bytes = 0
-        batch.seq = self._take_seq(state.range_id)
+        batch.seq = seq
         state.queue.append(batch)
         self._arm_deadline(state)
         self._pump(state)
@@ -427,6 +441,7 @@ class NorthguardProducer(ShardProducer):
         for other in self._shards:
             for batch in (*other.unacked, *other.queue):
                 batch.seq = self._take_seq(other.range_id)
+                batch.data = restamp_batch(batch.data, self._producer_id, PRODUCER_EPOCH, batch.seq)
             if other.stream is not None and other is not state:
                 other.stream.close()
                 other.stream = None
