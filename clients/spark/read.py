@@ -210,7 +210,11 @@ class _Columns:
     ``zip(*records)`` would build a tuple per field of every record (half a
     microsecond a record here); ``map(itemgetter(i))`` copies references only.
     The topic, epoch and shard columns are the same for every row of a slice:
-    built once at the largest poll and sliced (no copy) to each batch.
+    built once at the largest poll and sliced (no copy) to each batch.  So is
+    the offset column when a poll's offsets are contiguous (the rule on one
+    shard: first + 0..n-1, one vectorised add, about 8 ns a record against 50
+    to 90 ns for an array of Python ints); gaps (a compacted Kafka topic, a
+    skipped mirror prefix) take the per-record path.
     """
 
     def __init__(self, piece: Slice, include_headers: bool) -> None:
@@ -221,6 +225,7 @@ class _Columns:
             pa.array([piece.epoch] * POLL_RECORDS_MAX, pa.int32()),
             pa.array([piece.shard] * POLL_RECORDS_MAX, pa.int32()),
         ]
+        self.steps = pa.array(range(POLL_RECORDS_MAX), pa.int64())
 
     def batch(self, records: list[ConsumedRecord]) -> pa.RecordBatch:
         count = len(records)
@@ -237,10 +242,14 @@ class _Columns:
             )
         timestamps = pc.multiply(pa.array(list(map(_TIMESTAMP_MS, records)), pa.int64()), 1000)
         columns += [constant.slice(0, count) for constant in self.constants]
-        columns += [
-            pa.array(list(map(_OFFSET, records)), pa.int64()),
-            timestamps.cast(pa.timestamp("us", tz="UTC")),
-        ]
+        first = records[0].offset
+        if count <= POLL_RECORDS_MAX and records[-1].offset - first == count - 1:
+            # Offsets strictly increase within a poll of one shard, so a span of count - 1
+            # means first, first + 1, ..., with no gap.
+            offsets = pc.add(self.steps.slice(0, count), first)
+        else:
+            offsets = pa.array(list(map(_OFFSET, records)), pa.int64())
+        columns += [offsets, timestamps.cast(pa.timestamp("us", tz="UTC"))]
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
 

@@ -239,3 +239,22 @@ def test_a_start_below_the_retained_records_fails_or_skips_per_fail_on_data_loss
             asyncio.run(plan())
     else:
         assert [(s.shard, s.start, s.end) for s in asyncio.run(plan())] == [(0, 5, 10), (1, 0, 10)]
+
+
+def test_arrow_batches_carry_each_records_offset_with_or_without_gaps() -> None:
+    """The offset column is built by arithmetic when a poll is contiguous, per record otherwise
+    (a compacted topic, a skipped mirror prefix): both give each record its own offset."""
+    from clients.spark.read import _Columns, arrow_schema
+    from xinfra.model import ConsumedRecord
+
+    columns = _Columns(Slice("t", 3, 1, 0, 100, "{}", "p"), include_headers=False)
+    for offsets in ([40, 41, 42, 43], [40, 42, 43, 47], [7]):
+        records = [ConsumedRecord(1, o, 1_000 + o, b"k%d" % o, b"v%d" % o) for o in offsets]
+        batch = columns.batch(records)
+        assert batch.schema == arrow_schema(False)
+        assert batch.column("offset").to_pylist() == offsets
+        assert batch.column("value").to_pylist() == [b"v%d" % o for o in offsets]
+        assert batch.column("shard").to_pylist() == [1] * len(offsets)
+        assert [round(t.timestamp() * 1000) for t in batch.column("timestamp").to_pylist()] == [
+            1_000 + o for o in offsets
+        ]
