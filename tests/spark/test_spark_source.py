@@ -352,14 +352,19 @@ def test_stream_admits_max_records_per_trigger_resumes_and_crosses_a_new_epoch(
         query.processAllAvailable()
         fourth = produce(live, "clicks", range(220, 240))
         query.processAllAvailable()
+        # A migration while the query runs: epoch 2 (back on Kafka) is found at a later trigger.
+        asyncio.run(live.add_epoch("clicks", kafka))
+        fifth = produce(live, "clicks", range(240, 270))
+        query.processAllAvailable()
     finally:
         query.stop()
     assert query.exception() is None
     resumed = sorted(batches[done:], key=lambda item: item[0])
     assert all(len(rows) <= 50 for _, rows in resumed)
     new_rows = [row for _, rows in resumed for row in rows]
-    assert_exactly_once(values_of(new_rows), set(second) | set(third) | set(fourth))
-    assert {r.epoch for r in new_rows} == {0, 1}
+    assert_exactly_once(values_of(new_rows), set(second) | set(third) | set(fourth) | set(fifth))
+    assert {r.epoch for r in new_rows} == {0, 1, 2}
+    assert {ledger.epoch for ledger in fifth.values()} == {2}
     # Batch by batch, each shard's records come in (epoch, offset) order: keys never overtake.
     ordered = [
         row for _, rows in resumed for row in sorted(rows, key=lambda r: (r.epoch, r.offset))
