@@ -291,6 +291,7 @@ class XinfraConsumer:
             if watch is not None:
                 return watch.current
             watch = TopicWatch(self.source, metadata, long_poll_s=self.options.long_poll_s)
+            watch.listeners.append(self.pool.adopt)  # fresher Northguard credentials
             watch.start()
             self._watches[topic] = watch
             with contextlib.suppress(XinfraError):

@@ -21,7 +21,7 @@ from xinfra.backend import (
     ShardReader,
     open_backend,
 )
-from xinfra.model import PhysicalCluster
+from xinfra.model import PhysicalCluster, TopicMetadata
 
 AUTH_ATTRIBUTE = "northguard.auth"
 """The credential attribute (``backends.northguard.credentials.AUTH_ATTRIBUTE``; ``clients`` does
@@ -69,6 +69,12 @@ class BackendPool:
         for cluster in clusters:
             if cluster.name in self._backends:
                 self.backend(cluster)
+
+    def adopt(self, metadata: TopicMetadata) -> None:
+        """``refresh`` from a topic's metadata: the listener producers and consumers add to their
+        ``TopicWatch``, so every (re)connection presents the credential the service signed last,
+        not the one the client opened with (it expires after the service's credential TTL)."""
+        self.refresh(metadata.clusters.values())
 
     def producer(self, cluster: PhysicalCluster, physical_topic: str) -> ShardProducer:
         """The one shard producer of a physical topic: one per topic keeps per-shard order."""

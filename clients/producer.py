@@ -287,7 +287,7 @@ class XinfraProducer:
                         settle=self._settle,
                         long_poll_s=self.options.long_poll_s,
                     )
-                    watch.listeners.append(lambda m: self.pool.refresh(m.clusters.values()))
+                    watch.listeners.append(self.pool.adopt)
                     watch.start()
                     self._watches[topic] = watch
                     with contextlib.suppress(XinfraError):

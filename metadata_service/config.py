@@ -30,6 +30,9 @@ class ServiceConfig:
     """Apply Alembic migrations on start (the embedded default); production runs `xinfra db upgrade`."""
     zk_root: str = "/xinfra/metadata"
     long_poll_s_max: float = 30.0
+    northguard_credential_ttl_s: float = 900.0
+    """Lifetime of the Northguard credentials signed into topic metadata (re-signed past half of
+    it); clients refresh them by their long-poll, so keep it well above ``long_poll_s_max``."""
     long_poll_waiters_max: int = 10_000
     cache_topics_max: int = 100_000
     client_ttl_s_default: float = 30.0

@@ -30,6 +30,7 @@ from xinfra.errors import NotFound
 from xinfra.model import ClusterKind
 
 CREDENTIAL_TTL_S = 900.0
+"""The default of ``ServiceConfig.northguard_credential_ttl_s``."""
 SECRET_CACHE_S = 30.0
 _MARKER = f'"kind":"{ClusterKind.NORTHGUARD.value}"'.encode()
 

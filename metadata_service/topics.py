@@ -99,7 +99,7 @@ class TopicService:
         self.rt = runtime
         self.settles = settles
         self.reader = MetadataReader(runtime)
-        self.credentials = CredentialIssuer(runtime)
+        self.credentials = CredentialIssuer(runtime, runtime.config.northguard_credential_ttl_s)
 
     # ---- reads --------------------------------------------------------------------------
 

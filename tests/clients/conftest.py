@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sdk_live import ADMIN_TOKEN, KAFKA_MISSING, NORTHGUARD_MISSING, LiveService
+from sdk_live import ADMIN_TOKEN, KAFKA_MISSING, NORTHGUARD_MISSING, NORTHGUARD_SECRET, LiveService
 
 from metadata_service import ServiceConfig
 from xinfra.backend import open_backend
@@ -134,6 +134,43 @@ def northguard(live: LiveService, tmp_path: Path) -> Iterator[str]:
         yield "northguard"
     finally:
         handle.stop()
+
+
+@pytest.fixture
+def secured_broker(live: LiveService, tmp_path: Path) -> Iterator[Any]:
+    """A Northguard broker that requires credentials, registered as ``secured`` with its secret as
+    a ``file:`` reference (so the service signs credentials into topic metadata); the test may
+    restart it (``NorthguardProcess.restart``)."""
+    if NORTHGUARD_MISSING is not None:
+        pytest.skip(f"SKIPPED LOUDLY: {NORTHGUARD_MISSING}")
+    from backends.northguard import credentials
+    from backends.northguard.launcher import start_northguard_broker
+
+    process = start_northguard_broker(tmp_path / "ng" / "data", secret=NORTHGUARD_SECRET)
+    secret_file = tmp_path / "ng-secret"
+    secret_file.write_text(NORTHGUARD_SECRET + "\n")
+    secret_file.chmod(0o600)
+    try:
+        with live.admin() as client:
+            client.request(
+                "POST",
+                "/v1/clusters",
+                json={
+                    "name": "secured",
+                    "kind": "northguard",
+                    "bootstrap": process.url,
+                    "attributes": {credentials.SECRET_ATTRIBUTE: f"file:{secret_file}"},
+                },
+            )
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def secured_northguard(secured_broker: Any) -> str:
+    """The bootstrap address of ``secured_broker``."""
+    return str(secured_broker.url)
 
 
 @pytest.fixture

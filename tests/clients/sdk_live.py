@@ -28,6 +28,8 @@ from xinfra.services.ports import free_port
 T = TypeVar("T")
 ADMIN_TOKEN = "sdk-admin-" + uuid.uuid4().hex
 VC = "default"
+NORTHGUARD_SECRET = "sdk-northguard-secret-0123456789abcdef"
+"""The cluster secret of ``secured_broker`` (conftest): the tests verify credentials with it."""
 
 
 def _importable(module: str) -> str | None:
@@ -141,7 +143,7 @@ async def wait_until(
         if asyncio.iscoroutine(value) or isinstance(value, Awaitable):
             value = await value
         if value:
-            return value  # type: ignore[return-value]
+            return value
         assert time.monotonic() < deadline, f"condition not met in {timeout_s} s"
         await asyncio.sleep(0.05)
 

@@ -9,14 +9,11 @@ cluster's physical topics.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
+from sdk_live import NORTHGUARD_SECRET as SECRET
 from sdk_live import VC, LiveService, needs_northguard, read_all
 
 from backends.northguard import credentials
-from backends.northguard.launcher import start_northguard_broker
 from clients import open_consumer, open_producer
 from metadata_service.topics import vc_scope
 from xinfra.backend import open_backend
@@ -24,31 +21,6 @@ from xinfra.errors import Unauthorized
 from xinfra.model import ClusterKind, PhysicalCluster
 
 pytestmark = needs_northguard
-
-SECRET = "sdk-northguard-secret-0123456789abcdef"
-
-
-@pytest.fixture
-def secured_northguard(live: LiveService, tmp_path: Path) -> Iterator[str]:
-    process = start_northguard_broker(tmp_path / "ng" / "data", secret=SECRET)
-    secret_file = tmp_path / "ng-secret"
-    secret_file.write_text(SECRET + "\n")
-    secret_file.chmod(0o600)
-    try:
-        with live.admin() as client:
-            client.request(
-                "POST",
-                "/v1/clusters",
-                json={
-                    "name": "secured",
-                    "kind": "northguard",
-                    "bootstrap": process.url,
-                    "attributes": {credentials.SECRET_ATTRIBUTE: f"file:{secret_file}"},
-                },
-            )
-        yield process.url
-    finally:
-        process.stop()
 
 
 async def test_a_client_token_gets_a_scoped_credential_and_works_end_to_end(
