@@ -22,10 +22,18 @@ Producers are never held by a step: no send waits for a metadata version.
 What a migration adds to a send is the dual write itself (a batch goes to the
 source, then, carrying its source positions, to the target: one batch in
 flight per shard, so a send costs about the two writes in series) and, at
-the cut-over, the switch of the batch in flight to the target.  The bound we
-document is therefore the source's plus the target's produce latency; the
-longest stall is measured by ``xinfra demo migration`` and ``bench/migration.py``
-(p99/max per step against before).
+the cut-over, the switch of the batch in flight to the target.  A Northguard
+source refuses that batch (``Sealed``) once sealed; it then waits until its
+producer sees the version that seals the source, and a step waits at most its
+``ack_timeout_s`` for every producer to acknowledge that version (past it the
+step pauses and names the late producer).  Hence the documented bound,
+``producer_stall_s_max(ack_timeout_s)``: no ``send`` of a producer that keeps
+up with the metadata waits longer than the step's ack timeout plus
+``PRODUCER_SETTLE_S`` (the batch ahead on its shard and its own two writes, in
+series) for its acknowledgement.  The migration tests assert it per step
+under steady produce (``tests/migration/test_migration_ng_to_ng.py`` and
+``test_migration_live.py``); ``xinfra demo migration`` and
+``bench/migration.py`` measure the longest stall and p99 per step.
 
 Nothing is lost silently at the seal: a Northguard source is sealed natively
 (a late producer gets ``Sealed``); records that land past a Kafka source's
@@ -46,6 +54,21 @@ from enum import StrEnum
 from typing import Any
 
 from xinfra.errors import AlreadyMigrating, SameCluster, ShardCountMismatch, StepOutOfOrder
+
+PRODUCER_SETTLE_S = 5.0
+"""The writes a send may wait behind besides the new metadata version: the batch ahead on its
+shard and its own, each a source then a target write in series.  A local write is a few ms; 5 s
+leaves room for an fsync or a pause of a broker, and a wait beyond it is a stall, not load."""
+
+
+def producer_stall_s_max(ack_timeout_s: float) -> float:
+    """The longest a ``send`` may wait for its acknowledgement during a step waiting ``ack_timeout_s``.
+
+    Why this sum: a batch refused by a natively sealed source waits for the
+    producer to see the sealing version, which a step allows ``ack_timeout_s``
+    for, and then writes, behind at most one batch of its shard.
+    """
+    return ack_timeout_s + PRODUCER_SETTLE_S
 
 
 class State(StrEnum):

@@ -28,8 +28,10 @@ from test_sdk_epochs import (  # the load generator and read-back checks of the 
     _read_from_beginning,
     assert_acked_inside_sealed_epochs,
 )
+from timed_load import timed_load  # the load generator that times each send
 
 from clients import XinfraProducerOptions, open_producer
+from migration.machine import producer_stall_s_max
 from xinfra.model import EpochState
 
 pytestmark = [needs_kafka, needs_northguard]
@@ -79,13 +81,23 @@ async def test_kafka_topic_migrates_to_northguard_under_keyed_load(
     live: LiveService, kafka: str, northguard: str, xfail_on: Any
 ) -> None:
     xfail_on("end_offsets")  # the source's end offsets come from tansu's ListOffsets latest
+    ack_timeout_s = 10.0
     await live.create_topic("moving", kafka, 3)
-    async with load(live, "moving") as stream:
+    async with timed_load(live, "moving") as stream:
         await more(stream)
+        stream.step = "planned"
         planned = await call(live, "POST", "moving", target_cluster=northguard)
         assert (planned["state"], planned["source_epoch"]) == ("planned", 0)
         await more(stream)
-        dual = await call(live, "POST", "moving", "/advance", expected_state="dual_write")
+        stream.step = "dual_write"
+        dual = await call(
+            live,
+            "POST",
+            "moving",
+            "/advance",
+            expected_state="dual_write",
+            ack_timeout_s=ack_timeout_s,
+        )
         assert (dual["state"], dual["target_epoch"], dual["late_clients"]) == ("dual_write", 1, [])
         metadata = await live.metadata("moving")
         assert [e.state for e in metadata.epochs] == [EpochState.ACTIVE, EpochState.DUAL_WRITE]
@@ -94,12 +106,27 @@ async def test_kafka_topic_migrates_to_northguard_under_keyed_load(
             s.key_range for s in metadata.epochs[0].shards
         ]
         await more(stream)
-        cut = await call(live, "POST", "moving", "/advance", expected_state="cut_over")
+        stream.step = "cut_over"
+        cut = await call(
+            live,
+            "POST",
+            "moving",
+            "/advance",
+            expected_state="cut_over",
+            ack_timeout_s=ack_timeout_s,
+        )
         assert cut["state"] == "cut_over"
         await wait_until(lambda: stream.in_epoch(1) >= 200, 30)
-        done = await call(live, "POST", "moving", "/advance")
+        stream.step = "completed"
+        done = await call(live, "POST", "moving", "/advance", ack_timeout_s=ack_timeout_s)
         assert done["state"] == "completed" and done["pending"] is None
+        stream.step = "after"
         await more(stream)
+    # The documented stall bound (migration.machine), per step, under steady produce.
+    stalls = stream.stall_s_max()
+    assert set(stalls) == {"before", "planned", "dual_write", "cut_over", "completed", "after"}
+    bound_s = producer_stall_s_max(ack_timeout_s)
+    assert all(s < bound_s for s in stalls.values()), f"bound {bound_s} s, stalls {stalls}"
     metadata = await live.metadata("moving")
     assert [(e.cluster, e.state) for e in metadata.epochs] == [
         (kafka, EpochState.SEALED),

@@ -1,0 +1,74 @@
+"""Keyed load that also times every send, by the migration step it was sent in.
+
+``TimedStream`` is the epoch tests' ``Stream`` (keyed records without pause,
+what was acknowledged where) plus, for each record, how long its ``send`` waited
+for the acknowledgement: from the call to ``send`` (which may wait for buffer
+room) to the future resolving.  The test names the step under way
+(``stream.step = "cut_over"``) before it asks for it, and each record counts
+against the step it was sent in, so ``stall_s_max()`` is the longest wait of any
+send per step, compared with ``migration.machine.producer_stall_s_max``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sdk_live import VC, keyed_value
+from test_sdk_epochs import KEYS, Stream
+
+from clients import XinfraProducerOptions, open_producer
+from xinfra.model import Position
+
+
+class TimedStream(Stream):  # type: ignore[misc]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.step = "before"
+        self.waits_s: dict[str, list[float]] = {}
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        seq = 0
+        while not self._stop.is_set():
+            key = seq % KEYS
+            value = keyed_value(key, seq)
+            sent_s, step = loop.time(), self.step
+            future = await self.producer.send(self.topic, value, key=b"%d" % key)
+            future.add_done_callback(lambda f, v=value, t=sent_s, s=step: self._timed(v, f, t, s))
+            seq += 1
+            self.sent = seq
+            if seq % 20 == 0:
+                await asyncio.sleep(0.002)  # pacing of the load generator, not synchronisation
+
+    def _timed(
+        self, value: bytes, future: asyncio.Future[Position], sent_s: float, step: str
+    ) -> None:
+        self.waits_s.setdefault(step, []).append(asyncio.get_running_loop().time() - sent_s)
+        self._done(value, future)
+
+    def stall_s_max(self) -> dict[str, float]:
+        """The longest send-to-acknowledgement wait of the records sent in each step."""
+        return {step: max(waits) for step, waits in self.waits_s.items()}
+
+
+@contextlib.asynccontextmanager
+async def timed_load(live: Any, topic: str) -> AsyncIterator[TimedStream]:
+    """``test_migration_live.load`` with a ``TimedStream``: every acknowledged, none failed."""
+    token = await live.client_token(f"writer-{topic}")
+    producer = await open_producer(
+        live.url, token, VC, XinfraProducerOptions(linger_ms=2), topics=[topic], lease_s=6
+    )
+    stream = TimedStream(producer, topic)
+    stream.start()
+    try:
+        yield stream
+        await stream.stop()
+    finally:
+        with contextlib.suppress(Exception):
+            await stream.stop()
+        await producer.close()
+    assert not stream.failed, f"{len(stream.failed)} records failed, e.g. {stream.failed[:3]}"
+    assert len(stream.acked) == stream.sent
