@@ -14,6 +14,11 @@ Records past a sealed epoch's end offset (a Kafka topic takes writes after a
 virtual seal) are never delivered: the end offsets in the metadata are the
 truth.
 
+A cursor in a migration's dual-write target (joined at ``latest``) whose epoch a
+rollback drops continues in the source after the last source record whose
+mirror it delivered (the source's end at the join when it delivered none): each
+record once, across the rollback too.
+
 Delivery is at least once: positions move when ``poll`` returns records, and
 ``commit_async`` queues them for a ``CommitSink`` (a consumer group's member
 sends them to the service's checkpoints); ``commit`` is ``commit_async``
@@ -229,6 +234,9 @@ class _Cursor:
     """(source epoch, its end offset): skip mirrored records below it after crossing into a mirror."""
     moved: bool = True
     """Sought or advanced since its reader was last assigned: the reader must restart from ``offset``."""
+    rollback_to: tuple[int, int] | None = None
+    """(source epoch, offset) to continue from if the dual-write target this cursor reads is
+    dropped by a rollback: after the last source record whose mirror it delivered."""
 
     @property
     def position(self) -> Position:
@@ -342,7 +350,7 @@ class XinfraConsumer:
         if position.offset < 0:
             raise InvalidRequest(f"offset {position.offset} is negative")
         cursor.epoch, cursor.offset, cursor.mirror_source = position.epoch, position.offset, None
-        cursor.moved = True
+        cursor.moved, cursor.rollback_to = True, None
 
     async def seek_to_beginning(self, topic: str, shards: Sequence[int] | None = None) -> None:
         metadata = await self.metadata(topic)
@@ -357,8 +365,12 @@ class XinfraConsumer:
         metadata = await self.metadata(topic)
         last = metadata.current_epoch
         ends = await self._end_offsets(topic, metadata, last, self._shards(topic, shards))
+        source = _rollback_source(metadata, last)
+        source_ends = await self._end_offsets(topic, metadata, source, list(ends)) if source else {}
         for shard, offset in ends.items():
             self.seek(topic, Position(last.number, shard, offset))
+            if source is not None:  # the source's end now: nothing read in the target yet
+                self._cursor(topic, shard).rollback_to = (source.number, source_ends[shard])
 
     async def seek_to_timestamp(
         self, topic: str, timestamp_ms: int, shards: Sequence[int] | None = None
@@ -481,6 +493,8 @@ class XinfraConsumer:
                             remaining, min(slice_s, max(0.0, deadline - loop.time()))
                         )
                     except XinfraError as error:
+                        if self._dropped(key):
+                            continue  # its physical topic went with it; the cursors move back
                         self._failed(key, error, loop.time())
                         continue
                     self._outages.pop(key, None)
@@ -492,6 +506,11 @@ class XinfraConsumer:
                 await asyncio.sleep(min(max(POLL_SLICE_S, wake - now), deadline - now))
             if loop.time() >= deadline:
                 return []
+
+    def _dropped(self, key: tuple[str, int]) -> bool:
+        """Whether the (topic, epoch) of ``key`` left the metadata (a rolled-back target)."""
+        topic, number = key
+        return all(e.number != number for e in self._watches[topic].current.epochs)
 
     def _due(self, key: tuple[str, int], now_s: float) -> bool:
         """Whether ``key`` may be tried now: it is not failing, or its backoff is over."""
@@ -523,7 +542,12 @@ class XinfraConsumer:
         ``raw`` is consumed: its records are dropped as they are converted.
         """
         topic, epoch_number = key
-        ends = _epoch(self._watches[topic].current, epoch_number).end_offsets
+        metadata = self._watches[topic].current
+        epoch = next((e for e in metadata.epochs if e.number == epoch_number), None)
+        if epoch is None:
+            return []  # dropped by a rollback: its cursors move back to the source, unmoved
+        ends = epoch.end_offsets
+        source = _rollback_source(metadata, epoch)
         out: list[XinfraRecord] = []
         while raw:
             piece = raw[:ACCEPT_CHUNK_RECORDS]
@@ -541,6 +565,8 @@ class XinfraConsumer:
                 ):
                     cursor.offset = run[-1].offset + 1
                     out.extend(prefixed(XinfraRecord, repeat(key), run))
+                    if source is not None:
+                        _note_mirror(cursor, source.number, run[-1].headers)
                     continue
                 for record in run:
                     offset = record.offset
@@ -556,12 +582,20 @@ class XinfraConsumer:
                                 continue  # delivered from the source epoch already
                             cursor.mirror_source = None  # past the mirrored prefix
                     out.append(XinfraRecord(topic, epoch_number, *record))
+                    if source is not None:
+                        _note_mirror(cursor, source.number, record.headers)
         return out
 
     async def _advance_epochs(self) -> None:
         """Move every cursor that finished a sealed epoch into the next epoch."""
         for cursor in self._cursors.values():
             metadata = self._watches[cursor.topic].current
+            if cursor.rollback_to is not None and all(
+                e.number != cursor.epoch for e in metadata.epochs
+            ):
+                # A rollback dropped the target this cursor read: on in the source, translated.
+                cursor.epoch, cursor.offset = cursor.rollback_to
+                cursor.mirror_source, cursor.rollback_to, cursor.moved = None, None, True
             while True:
                 epoch = _epoch(metadata, cursor.epoch)
                 if epoch.state != EpochState.SEALED or epoch.end_offsets is None:
@@ -586,7 +620,7 @@ class XinfraConsumer:
                     else None
                 )
                 cursor.epoch, cursor.offset = nxt.number, start[cursor.shard]
-                cursor.moved = True
+                cursor.moved, cursor.rollback_to = True, None
 
     def _sync_readers(self) -> list[tuple[str, int]]:
         """Give each (topic, epoch) reader exactly the unpaused cursors in that epoch."""
@@ -683,6 +717,21 @@ class XinfraConsumer:
 
     async def __aexit__(self, *_exc: object) -> None:
         await self.close()
+
+
+def _rollback_source(metadata: TopicMetadata, epoch: Epoch) -> Epoch | None:
+    """The source ``epoch`` mirrors while a rollback may still drop ``epoch`` (it takes writes)."""
+    if epoch.mirror_of is None:
+        return None
+    source = next((e for e in metadata.epochs if e.number == epoch.mirror_of), None)
+    return source if source is not None and source.state != EpochState.SEALED else None
+
+
+def _note_mirror(cursor: _Cursor, source: int, headers: tuple[Header, ...]) -> None:
+    """Remember where the source continues after the mirrored record just delivered."""
+    mirrored = mirrored_position(headers)
+    if mirrored is not None and mirrored.epoch == source:
+        cursor.rollback_to = (source, mirrored.offset + 1)
 
 
 def _epoch(metadata: TopicMetadata, number: int) -> Epoch:
