@@ -56,6 +56,11 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 COMPONENT_KINDS = ("zookeeper", "kafka", "northguard", "metadata-service")
 
 RESTARTS_MAX = 5
+NORTHGUARD_SECRET_FILE = "northguard-secret"
+"""The local Northguard cluster's secret, in the run directory (0600): the broker reads it
+(``--secret-file``) and the service signs clients' credentials with it (``file:`` reference)."""
+NORTHGUARD_SECRET_ATTRIBUTE = "northguard.secret"
+"""``backends.northguard.credentials.SECRET_ATTRIBUTE`` (``xinfra up`` imports no backend)."""
 SUPERVISE_INTERVAL_S = 0.5
 
 
@@ -216,6 +221,8 @@ class LocalStack:
                             str(self.run_dir / "northguard" / "0"),
                             "--attr",
                             "rack=r0",
+                            "--secret-file",
+                            str(self.northguard_secret_file()),
                         ),
                         lambda: http_ok(f"{http_url}/health"),
                     ),
@@ -262,6 +269,23 @@ class LocalStack:
         with os.fdopen(fd, "w") as handle:
             handle.write(token + "\n")
         return token
+
+    def northguard_secret_file(self) -> Path:
+        """The run directory's Northguard cluster secret: made once (32 random bytes, 0600), then
+        reused by every later stack of this run directory, so its broker data and its cluster
+        registration stay valid across restarts.  Only its path is passed around (never argv or
+        a log)."""
+        path = self.run_dir / NORTHGUARD_SECRET_FILE
+        with contextlib.suppress(FileNotFoundError):
+            if path.read_text().strip():
+                if path.stat().st_mode & 0o077:
+                    path.chmod(0o600)
+                return path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(32) + "\n")
+        return path
 
     def _spawn(
         self,
@@ -388,6 +412,9 @@ class LocalStack:
                     name="northguard-local",
                     kind=ClusterKind.NORTHGUARD,
                     bootstrap=self.settings.northguard_bootstrap,
+                    attributes={
+                        NORTHGUARD_SECRET_ATTRIBUTE: f"file:{self.northguard_secret_file()}"
+                    },
                 )
             )
         token = self.settings.token or self.admin_token()
@@ -398,12 +425,37 @@ class LocalStack:
             ) as client,
         ):
             for cluster in clusters:
-                with contextlib.suppress(
-                    Conflict
-                ):  # registered by an earlier run on this run directory
+                try:
                     client.register_cluster(cluster)
+                except Conflict:  # registered by an earlier run on this run directory
+                    self._add_missing_secret(client, cluster)
                 self.progress(f"cluster {cluster.name} ({cluster.kind.value}) registered")
         return [c.name for c in clusters]
+
+    def _add_missing_secret(self, client: MetadataClient, cluster: PhysicalCluster) -> None:
+        """A cluster an earlier ``xinfra up`` registered without the secret its broker now
+        requires: register it again with it.  The service has no route that changes a
+        cluster's attributes, so this is a delete and a register, which the service refuses
+        while epochs live on the cluster: the error then says what to do."""
+        wanted = cluster.attributes.get(NORTHGUARD_SECRET_ATTRIBUTE)
+        registered = client.describe_cluster(cluster.name)
+        if wanted is None or NORTHGUARD_SECRET_ATTRIBUTE in registered.get("attributes", {}):
+            return
+        try:
+            client.request(
+                "DELETE",
+                f"/v1/clusters/{cluster.name}",
+                params={"expected_version": registered["version"]},
+            )
+        except Conflict as error:
+            raise ServiceError(
+                f"cluster {cluster.name} was registered by an earlier `xinfra up` without "
+                f"{NORTHGUARD_SECRET_ATTRIBUTE}, and its broker now requires credentials; the "
+                f"service cannot add the attribute while epochs live on the cluster ({error}). "
+                "Delete those topics, or start a fresh stack elsewhere (XINFRA_RUN_DIR)"
+            ) from error
+        client.register_cluster(cluster)
+        self.progress(f"cluster {cluster.name}: registered again with its secret")
 
     def repair_topics(self) -> list[dict[str, Any]]:
         """After a restart the memory-only local Kafka has no topics while the metadata still
@@ -571,6 +623,8 @@ def run_up(
         token_file = stack.run_dir / ADMIN_TOKEN_FILE
         if clusters:
             summary["admin_token_file"] = str(token_file)
+        if any(c.kind == "northguard" for c in stack.components):
+            summary["northguard_secret_file"] = str(stack.northguard_secret_file())
         stack.write_state("ready", clusters=clusters, admin_token_file=str(token_file))
         stackstate.record_user_config(
             {

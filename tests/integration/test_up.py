@@ -209,7 +209,7 @@ def up_in_pipe(
     )
     stack.pid = process.pid
     threading.Thread(
-        target=lambda: [stack.lines.put(line) for line in process.stdout],  # type: ignore[union-attr]
+        target=lambda: [stack.lines.put(line) for line in process.stdout],  # type: ignore[union-attr, func-returns-value]
         daemon=True,
     ).start()
     if stderr_reader:
@@ -566,5 +566,101 @@ def test_lost_kafka_topics_are_repaired_by_reconcile_and_by_a_restart(tmp_path: 
             (t["topic"], t["epoch"], t["physical_topic"]) for t in ready["repaired_topics"]
         ] == [("orders", 0, physical)]
         _round_trip(env, "after-restart")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+
+
+# ---- the local Northguard requires credentials ----------------------------------------------
+
+
+def _unauthenticated_list(bootstrap: str) -> BaseException | None:
+    """What the broker answers a connection that presents no credential (None: it served it)."""
+    import asyncio
+
+    from xinfra.backend import open_backend
+    from xinfra.model import ClusterKind, PhysicalCluster
+
+    async def attempt() -> BaseException | None:
+        backend = open_backend(
+            PhysicalCluster(name="anonymous", kind=ClusterKind.NORTHGUARD, bootstrap=bootstrap)
+        )
+        try:
+            await backend.list_topics()
+        except Exception as error:  # the refusal is what this returns
+            return error
+        finally:
+            await backend.close()
+        return None
+
+    return asyncio.run(attempt())
+
+
+def test_local_northguard_refuses_anonymous_clients_while_the_cli_works(tmp_path: Path) -> None:
+    from xinfra.errors import Unauthorized
+
+    env = _env(tmp_path)
+    only = ["--only", "northguard,metadata-service"]
+    with up_in_pipe(tmp_path, *only, env=env) as (stack, process):
+        ready = stack.wait_ready()
+        secret_file = Path(ready["northguard_secret_file"])
+        assert secret_file.parent == stack.run_dir
+        assert secret_file.stat().st_mode & 0o777 == 0o600
+        secret = secret_file.read_text()
+        assert len(secret.strip()) >= 32
+        refused = _unauthenticated_list(env["XINFRA_NORTHGUARD_BOOTSTRAP"])
+        assert isinstance(refused, Unauthorized), refused
+
+        created = _cli(env, "topics", "create", "orders", "--cluster", "northguard-local")
+        assert created.returncode == 0, created.stderr
+        _round_trip(env, "with-credentials")
+        for log in stack.run_dir.joinpath("logs").iterdir():
+            assert secret.strip() not in log.read_text(errors="replace"), f"secret in {log}"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+
+    # The same run directory: the same secret, the broker still closed, the topic still readable.
+    with up_in_pipe(tmp_path, *only, env=env) as (stack, process):
+        ready = stack.wait_ready()
+        assert Path(ready["northguard_secret_file"]).read_text() == secret
+        refused = _unauthenticated_list(env["XINFRA_NORTHGUARD_BOOTSTRAP"])
+        assert isinstance(refused, Unauthorized), refused
+        consumed = _cli(env, "consume", "orders", "-q", "-n", "1")
+        assert consumed.stdout.split() == ["with-credentials"], consumed
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+
+
+def test_up_adds_the_secret_to_a_northguard_cluster_registered_without_it(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    with up_in_pipe(tmp_path, "--only", "metadata-service", env=env) as (stack, process):
+        stack.wait_ready()
+        token = (stack.run_dir / "admin-token").read_text().strip()
+        registered = httpx.post(  # as an `xinfra up` before credentials did
+            f"{env['XINFRA_METADATA_URL']}/v1/clusters",
+            params={"check": "false"},
+            headers={"Authorization": f"Bearer {token}"},
+            json={
+                "name": "northguard-local",
+                "kind": "northguard",
+                "bootstrap": env["XINFRA_NORTHGUARD_BOOTSTRAP"],
+            },
+        )
+        assert registered.status_code == 201, registered.text
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+
+    with up_in_pipe(tmp_path, "--only", "northguard,metadata-service", env=env) as (
+        stack,
+        process,
+    ):
+        stack.wait_ready()
+        cluster = httpx.get(
+            f"{env['XINFRA_METADATA_URL']}/v1/clusters/northguard-local",
+            headers={"Authorization": f"Bearer {token}"},
+        ).json()
+        assert cluster["attributes"] == {"northguard.secret": "<redacted>"}
+        created = _cli(env, "topics", "create", "orders", "--cluster", "northguard-local")
+        assert created.returncode == 0, created.stderr
+        _round_trip(env, "re-registered")
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
