@@ -77,8 +77,17 @@ class Claims:
             raise Unauthorized(f"{self.principal!r} may not {operation} topic {topic!r}")
 
 
+PLACEHOLDER_WORDS = (b"change-me", b"changeme", b"change_me", b"placeholder", b"replace-me")
+"""A secret containing one of these was copied from an example: refused like a short one."""
+
+
 def check_secret(secret: bytes) -> bytes:
-    """The secret, or ``ValueError`` when it is too short to be one."""
+    """The secret, or ``ValueError`` when it is too short or a placeholder (an example's value
+    is known to everyone who read the example, so it would open the broker to them)."""
+    if any(word in secret.lower() for word in PLACEHOLDER_WORDS):
+        raise ValueError(
+            "the Northguard cluster secret is a placeholder; generate one: openssl rand -base64 32"
+        )
     if len(secret) < SECRET_BYTES_MIN:
         raise ValueError(
             f"a Northguard cluster secret needs at least {SECRET_BYTES_MIN} bytes "

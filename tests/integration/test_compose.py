@@ -28,6 +28,7 @@ def compose_config() -> dict:  # type: ignore[type-arg]
     env = {
         **os.environ,
         "XINFRA_ADMIN_TOKEN": "x" * 40,
+        "XINFRA_NORTHGUARD_SECRET": "n" * 40,
         "MYSQL_ROOT_PASSWORD": "x" * 20,
         "XINFRA_DB_PASSWORD": "x" * 20,
         "XINFRA_COUCHBASE_PASSWORD": "x" * 20,
@@ -72,3 +73,32 @@ def test_kafka_runs_in_kraft_mode(compose_config: dict) -> None:  # type: ignore
     environment = compose_config["services"]["kafka"]["environment"]
     assert environment["KAFKA_PROCESS_ROLES"] == "broker,controller"
     assert "zookeeper" not in json.dumps(environment).lower()
+
+
+def test_northguard_brokers_require_the_secret_the_service_signs_with(compose_config: dict) -> None:  # type: ignore[type-arg]
+    services = compose_config["services"]
+    for i in (1, 2, 3):
+        assert services[f"northguard-{i}"]["environment"]["XINFRA_NORTHGUARD_SECRET"] == "n" * 40
+    assert services["metadata-service"]["environment"]["XINFRA_NORTHGUARD_SECRET"] == "n" * 40
+    # The registration holds a reference the service resolves, never the secret itself.
+    registration = " ".join(services["clusters-init"]["command"])
+    assert "northguard.secret=env:XINFRA_NORTHGUARD_SECRET" in registration
+    assert "n" * 40 not in registration
+
+
+def test_compose_refuses_to_start_without_a_northguard_secret() -> None:
+    binary = shutil.which("docker-compose")
+    if binary is None:
+        pytest.skip("docker-compose is not installed")
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "XINFRA_NORTHGUARD_SECRET"},
+        "XINFRA_ADMIN_TOKEN": "x" * 40,
+        "MYSQL_ROOT_PASSWORD": "x" * 20,
+        "XINFRA_DB_PASSWORD": "x" * 20,
+        "XINFRA_COUCHBASE_PASSWORD": "x" * 20,
+    }
+    refused = subprocess.run(
+        [binary, "config", "-q"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert refused.returncode != 0
+    assert "XINFRA_NORTHGUARD_SECRET" in refused.stderr

@@ -268,3 +268,10 @@ def test_a_broker_without_a_secret_warns_loudly(tmp_path: Path) -> None:
     finally:
         process.stop()
     assert "STARTED WITHOUT A SECRET" in process.log_path.read_text()
+
+
+def test_a_placeholder_secret_is_refused_like_a_short_one() -> None:
+    for placeholder in (b"change-me-northguard-secret", b"PLACEHOLDER-0123456789abcdef"):
+        with pytest.raises(ValueError, match="placeholder"):
+            credentials.check_secret(placeholder)
+    assert credentials.check_secret(b"q8Zr1v0x4lT2m9pWc7Ys3b==") == b"q8Zr1v0x4lT2m9pWc7Ys3b=="
