@@ -45,7 +45,7 @@ import httpx
 
 from xinfra.errors import Fenced, InvalidRequest, NotFound, TopicNotFound, Unavailable, XinfraError
 from xinfra.model import Position
-from xinfra.rest import MetadataClient
+from xinfra.rest import MetadataClient, tls_context
 
 if TYPE_CHECKING:
     from clients.consumer import StartAt, XinfraConsumer
@@ -92,7 +92,7 @@ class GroupClient:
     def __init__(self, url: str, headers: dict[str, str], timeout_s: float) -> None:
         self.url = url.rstrip("/")
         self.coordinator: str | None = None
-        self._http = httpx.AsyncClient(headers=headers, timeout=timeout_s)
+        self._http = httpx.AsyncClient(headers=headers, timeout=timeout_s, verify=tls_context())
 
     async def call(self, method: str, path: str, json: Any = None) -> Any:
         for _ in range(REDIRECTS_MAX + 1):

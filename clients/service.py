@@ -22,7 +22,7 @@ import httpx
 from clients.metadata import BACKOFF_S_MAX, BACKOFF_S_MIN
 from xinfra.errors import Forbidden, NotFound, Timeout, Unauthenticated, Unavailable, XinfraError
 from xinfra.model import TopicMetadata
-from xinfra.rest import MetadataClient, resolve_token
+from xinfra.rest import MetadataClient, resolve_token, tls_context
 from xinfra.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class ServiceSource:
         if resolved := resolve_token(s, token):
             headers["Authorization"] = f"Bearer {resolved}"
         self._http = httpx.AsyncClient(
-            base_url=self.url, headers=headers, timeout=s.request_timeout_s
+            base_url=self.url, headers=headers, timeout=s.request_timeout_s, verify=tls_context()
         )
         self._versions: dict[str, int] = {}
         self._registered_topics: list[str] | None = None
