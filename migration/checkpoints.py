@@ -198,3 +198,29 @@ def _on(values: dict[tuple[str, int, int], int], topic: str, epoch: int) -> dict
         if t == topic and (shard not in latest or e > latest[shard][0]):
             latest[shard] = (e, offset)
     return {shard: offset for shard, (e, offset) in latest.items() if e == epoch}
+
+
+async def groups_on_source(
+    groups: Groups, vc: str, topic: str, source: int
+) -> list[dict[str, Any]]:
+    """Groups with live members whose latest checkpoints of ``topic`` are still on ``source``.
+
+    Why a status lists them: a group with live members is not moved by the
+    service (its members cross as they read), so after the cut-over one that
+    still commits source positions is a reader that lags or is stuck on the
+    old cluster, which an operator must see before retiring that cluster.
+    Each: ``group``, ``members`` (None when another instance coordinates it),
+    ``shards`` on the source.
+    """
+    found: list[dict[str, Any]] = []
+    for name in await groups.checkpoints.list_groups(vc):
+        shards = _on(await groups.checkpoints.read_group(vc, name), topic, source)
+        if not shards:
+            continue
+        try:
+            members: int | None = len((await groups.coordinator.live(vc, name)).state.members)
+        except (NotCoordinator, Unavailable):
+            members = None
+        if members != 0:
+            found.append({"group": name, "members": members, "shards": sorted(shards)})
+    return found

@@ -50,6 +50,12 @@ def _show(migration: dict[str, Any]) -> None:
     )
     out.print(table)
     _show_orphans(migration.get("orphaned"))
+    for group in migration.get("groups_on_source") or []:
+        members = "?" if group["members"] is None else group["members"]
+        out.print(
+            f"group {escape(group['group'])} ({members} members) still reads the source: "
+            f"shards {group['shards']}"
+        )
 
 
 def _show_orphans(orphaned: dict[str, Any] | None) -> None:

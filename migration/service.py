@@ -27,7 +27,13 @@ from metadata_service.runtime import Runtime
 from metadata_service.schemas import EpochCreate, EpochUpdate
 from metadata_service.store.repository import EpochRow
 from metadata_service.topics import TopicService
-from migration.checkpoints import Moved, cached, move_checkpoints, scan_mirror
+from migration.checkpoints import (
+    Moved,
+    cached,
+    groups_on_source,
+    move_checkpoints,
+    scan_mirror,
+)
 from migration.machine import (
     ROLLBACK,
     Migration,
@@ -132,11 +138,15 @@ class MigrationService:
         return loaded[0]
 
     async def status(self, vc: str, topic: str) -> dict[str, Any]:
-        """The migration, with the records orphaned past its sealed Kafka epochs' end offsets."""
+        """The migration, with the records orphaned past its sealed Kafka epochs' end offsets and,
+        once the source is sealed, the groups with live members still on it."""
         migration = await self.get(vc, topic)
         orphans = await find_orphans(self.rt, vc, topic)
         await self._gauge(vc, topic, orphans)
-        return {**migration.to_json(), "orphaned": orphans.to_json()}
+        lagging: list[dict[str, Any]] = []
+        if self.groups is not None and migration.state in (State.CUT_OVER, State.COMPLETED):
+            lagging = await groups_on_source(self.groups, vc, topic, migration.source_epoch)
+        return {**migration.to_json(), "orphaned": orphans.to_json(), "groups_on_source": lagging}
 
     async def _save(self, migration: Migration, version: int | None) -> int:
         body = json.dumps(migration.to_json())
