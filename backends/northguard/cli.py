@@ -66,6 +66,14 @@ def broker(
         help="Bound of the open segment file pool (0: a quarter of RLIMIT_NOFILE, at most 4096; "
         "refused at start when not well under the limit).",
     ),
+    sealed_segments_max: int = typer.Option(
+        10_000,
+        help="Sealed segments a range keeps; past it the oldest are deleted (data and metadata), "
+        "like retention: this bounds the metadata snapshot at about 230 B per kept segment.",
+    ),
+    snapshot_ops_max: int = typer.Option(
+        0, help="Metadata journal ops between snapshots (0: the default, 10,000)."
+    ),
     log_level: str = typer.Option("INFO", help="Logging level."),
     secret_file: Annotated[
         Path | None,
@@ -106,6 +114,8 @@ def broker(
         group_commit_records_max=settings.group_commit_records_max,
         frame_bytes_max=settings.frame_bytes_max,
         descriptors_max=descriptors_max or None,
+        sealed_segments_max=sealed_segments_max,
+        snapshot_ops_max=snapshot_ops_max or None,
         secret=_secret(secret_file),
         tls_cert=tls_cert,
         tls_key=tls_key,

@@ -125,6 +125,10 @@ class Coordinator:
         self.snapshots = 0
         self.snapshot_bytes = 0
         self.snapshot_build_s = 0.0
+        self.snapshot_hook: Callable[[str], None] | None = None
+        """Test seam: called in the build's worker thread with "built" (the state is in memory)
+        and "written" (``snapshot.tmp`` is synced, not yet installed), to hold or crash a build
+        at a known point; it must not touch the live state."""
         self.journal_writes = 0
         self.journal_ops = 0
         self._maintenance: asyncio.Task[None] | None = None
@@ -136,6 +140,7 @@ class Coordinator:
         """Load the journal, recover the store against it, build range logs, start maintenance."""
         snapshot, ops = await self._runtime.run_blocking(self._journal.load)
         self.state = MetadataState.from_json(snapshot) if snapshot else MetadataState()
+        self.snapshot_bytes = self._journal.snapshot_bytes
         for op in ops:
             self.state.apply(op)
         self._ops_since_snapshot = list(ops)
@@ -338,7 +343,13 @@ class Coordinator:
         state = MetadataState.from_json(base) if base else MetadataState()
         for op in ops:
             state.apply(op)
-        return self._journal.write_snapshot_file(state.to_json())
+        hook = self.snapshot_hook
+        if hook is not None:
+            hook("built")
+        size = self._journal.write_snapshot_file(state.to_json())
+        if hook is not None:
+            hook("written")
+        return size
 
     # -- segments (called by range logs) -----------------------------------------------------------
 

@@ -2,10 +2,15 @@
 
 Today one broker owns all metadata, so the journal is a local file: each op
 is ``length u32 | crc32c u32 | JSON``, written and fsynced before the op is
-applied (an op is decided once it is durable).  ``snapshot`` writes the whole
-state to a new file, renames it into place durably, then empties the log;
-ops carry sequence numbers, so a crash between the two steps only replays ops
-the snapshot already holds, which ``MetadataState.apply`` skips.
+applied (an op is decided once it is durable).  A snapshot is the state at one
+op's sequence number: ``write_snapshot_file`` writes and fsyncs it to
+``snapshot.tmp`` from a worker thread while appends go on (no lock), then
+``install_snapshot`` renames it into place and rewrites the log with only the
+later ops.  Recovery is snapshot + the log's ops after it: a crash before the
+rename leaves the previous snapshot and the whole log (a torn ``snapshot.tmp``
+is never read, and the next build replaces it); a crash between the rename and
+the log's rewrite replays ops the snapshot holds, which ``MetadataState.apply``
+skips by sequence number.
 
 Recovery stops at the first torn or corrupt record and cuts the log there:
 such a record was never fsynced completely, so its op was never applied or
@@ -47,6 +52,7 @@ class FileJournal:
         self._size = 0
         self._lock = asyncio.Lock()
         self.ops_since_snapshot = 0
+        self.snapshot_bytes = 0  # of the snapshot on disk, once loaded or written
 
     def load(self) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
         """Read the snapshot and the ops after it; cut a torn tail.  Called once, before serving."""
@@ -86,6 +92,7 @@ class FileJournal:
         records, good = _parse(data)
         if len(records) != 1 or good != len(data):
             raise CorruptData(f"metadata snapshot {self._snapshot_path} is damaged")
+        self.snapshot_bytes = len(data)
         return records[0]
 
     def write_snapshot_file(self, state: dict[str, Any]) -> int:
@@ -129,29 +136,6 @@ class FileJournal:
         log_file.close()
         self.ops_since_snapshot = len(later)
         return disk.open(self._log_path, create=False)
-
-    async def snapshot(self, state: dict[str, Any]) -> None:
-        """Replace the snapshot with ``state`` durably, then empty the log."""
-        record = _encode(state)
-        async with self._lock:
-            file = self._file
-            assert file is not None, "journal not loaded"
-            await self._runtime.run_blocking(self._snapshot_sync, file, record)
-            self._size = 0
-            self.ops_since_snapshot = 0
-
-    def _snapshot_sync(self, log_file: File, record: bytes) -> None:
-        disk = self._disk
-        temporary = self._dir / "snapshot.tmp"
-        disk.remove(temporary)
-        file = disk.open(temporary)
-        try:
-            _write_sync(file, record, 0)
-        finally:
-            file.close()
-        disk.rename(temporary, self._snapshot_path)
-        log_file.truncate(0)
-        log_file.fsync()
 
     @property
     def fsyncs(self) -> int:

@@ -52,6 +52,8 @@ class BrokerConfig:
     group_commit_records_max: int = 20_000
     frame_bytes_max: int = FRAME_BYTES_MAX
     maintenance_s: float = 1.0
+    sealed_segments_max: int = 10_000  # per range; past it the oldest go, data and metadata
+    snapshot_ops_max: int | None = None  # journal ops between snapshots; None: JOURNAL_OPS_MAX
     descriptors_max: int | None = None  # segment file pool bound; None: from RLIMIT_NOFILE
     secret: bytes | None = None  # cluster secret: every connection must authenticate; None: open
     tls_cert: Path | None = None  # PEM certificate (chain) of the client port; None: plaintext
@@ -60,6 +62,10 @@ class BrokerConfig:
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("a TLS client port needs both tls_cert and tls_key")
+        if self.sealed_segments_max < 1:
+            raise ValueError("sealed_segments_max is at least 1")
+        if self.snapshot_ops_max is not None and self.snapshot_ops_max < 1:
+            raise ValueError("snapshot_ops_max is at least 1 (None: the default)")
 
 
 class Broker:
@@ -79,6 +85,8 @@ class Broker:
                 segment_bytes_max=config.segment_bytes_max,
                 segment_age_s_max=config.segment_age_s_max,
                 maintenance_s=config.maintenance_s,
+                sealed_segments_max=config.sealed_segments_max,
+                snapshot_ops_max=config.snapshot_ops_max,
             ),
         )
         self.metrics.watch_coordinator(self.coordinator)
