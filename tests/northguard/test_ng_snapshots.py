@@ -16,11 +16,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ng_harness import WAIT_S, in_process_broker, wait_for
+import pytest
+from ng_harness import WAIT_S, broker_metrics, in_process_broker, wait_for
 
 from backends.northguard.batch import encode_batch
-from backends.northguard.broker.server import Broker
+from backends.northguard.broker.server import Broker, BrokerConfig
 from backends.northguard.client.admin import AdminClient
+from backends.northguard.launcher import start_northguard_broker
 from backends.northguard.runtime import RealRuntime
 from xinfra.keyspace import shard_ranges
 from xinfra.model import Record
@@ -207,3 +209,46 @@ async def test_the_snapshot_stays_bounded_when_many_segments_are_sealed_and_dele
     assert early > 0 and late <= 1.1 * early, sizes  # flat, not growing with history
     # Per range the snapshot holds at most kept + 1 segments: what the setting promises.
     assert late < ranges * (kept + 2) * 400 + 2000
+
+
+async def test_a_broker_process_takes_the_snapshot_settings_and_exports_the_metrics(
+    tmp_path: Path,
+) -> None:
+    process = await asyncio.to_thread(
+        start_northguard_broker,
+        tmp_path / "data",
+        extra_args=["--snapshot-ops-max", "5", "--sealed-segments-max", "2"],
+    )
+    try:
+        admin = AdminClient(RealRuntime(), process.url, 10)
+        try:
+            for i in range(12):
+                await admin.create_topic(f"t{i}", shard_ranges(2))
+        finally:
+            await admin.close()
+
+        async def snapshotted() -> bool:
+            metrics = await asyncio.to_thread(broker_metrics, process)
+            return metrics["northguard_snapshots_total"] >= 1
+
+        await wait_for(snapshotted, "a snapshot after 5 ops")
+        metrics = await asyncio.to_thread(broker_metrics, process)
+        assert metrics["northguard_snapshot_bytes"] > 0
+        assert metrics["northguard_snapshot_build_seconds"] > 0
+        await asyncio.to_thread(process.kill)
+        await asyncio.to_thread(process.restart)
+        # After a restart the gauge reports the snapshot it loaded, before any new one.
+        metrics = await asyncio.to_thread(broker_metrics, process)
+        assert metrics["northguard_snapshot_bytes"] > 0
+        admin = AdminClient(RealRuntime(), process.url, 10)
+        try:
+            assert sorted(await admin.list_topics()) == sorted(f"t{i}" for i in range(12))
+        finally:
+            await admin.close()
+    finally:
+        await asyncio.to_thread(process.stop)
+
+
+def test_a_sealed_segments_bound_below_one_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="sealed_segments_max"):
+        BrokerConfig(data_dir=tmp_path, sealed_segments_max=0)
