@@ -36,8 +36,16 @@ number is assigned then, and it is applied once the write is durable.
 **Snapshots** are built off the event loop from the previous snapshot and the
 ops made since (never from the live state, so no lock is held while
 building), then installed with a rename and a rewrite of the ops made during
-the build.  ``sealed_segments_max`` bounds the sealed segments a range keeps
-(the oldest go first, as retention does), so the snapshot stays bounded too.
+the build.  What a snapshot holds: every topic, range (split/merge parents
+included) and segment whose data still exists; a segment's metadata goes in
+the same op that deletes its data (retention, ``delete_topic``), never later.
+``sealed_segments_max`` (a broker setting) bounds the sealed segments a range
+keeps (the oldest go first, data and metadata, as retention does; enforced at
+each maintenance tick), so the snapshot is at most about
+ranges x (sealed_segments_max + 1) x 190 B.  Measured: 40,000 segments make a
+7.5 MB snapshot that took about 1 s to serialise and 0.6 s to parse (on a
+busy test machine), in a worker thread that still shares the GIL with the
+loop (switching every 5 ms).
 
 Control plane only: records never pass through here; ``RangeLog`` moves them.
 """
