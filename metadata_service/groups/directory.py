@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 GroupKey = tuple[str, str]
 """(virtual cluster, group)."""
 
+CLAIM_ATTEMPTS = 3
+"""Claims of a group whose leader znode vanishes between our create and our read (its
+coordinator's session just ended): each attempt may then win it; past them, ``Unavailable``."""
+
 
 @dataclass(frozen=True)
 class Claim:
@@ -222,14 +226,22 @@ class ZooKeeperDirectory:
                 ) from None
             state, version = None, -1
         me = json.dumps({"instance": self.instance_id, "url": self.url}).encode()
-        try:
-            client.ensure_path(path)
-            client.create(f"{path}/leader", me, ephemeral=True)
-        except NodeExistsError:
-            data, _ = client.get(f"{path}/leader")
-            leader = json.loads(data)
-            if leader["instance"] != self.instance_id:
-                return Claim(url=leader["url"], instance=leader["instance"])
+        for _ in range(CLAIM_ATTEMPTS):
+            try:
+                client.ensure_path(path)
+                client.create(f"{path}/leader", me, ephemeral=True)
+                break
+            except NodeExistsError:
+                try:
+                    data, _ = client.get(f"{path}/leader")
+                except NoNodeError:
+                    continue  # its session ended between our create and our read: claim again
+                leader = json.loads(data)
+                if leader["instance"] != self.instance_id:
+                    return Claim(url=leader["url"], instance=leader["instance"])
+                break
+        else:
+            raise Unavailable(f"the coordinator of consumer group {key[1]!r} keeps changing; retry")
         # Re-read after the claim: a coordinator that died just before may have written since.
         try:
             data, stat = client.get(f"{path}/state")

@@ -342,6 +342,7 @@ def test_compose_refuses_placeholders_and_publishes_only_client_ports() -> None:
         "MYSQL_ROOT_PASSWORD": "b" * 20,
         "XINFRA_DB_PASSWORD": "c" * 20,
         "XINFRA_COUCHBASE_PASSWORD": "d" * 20,
+        "XINFRA_NORTHGUARD_SECRET": "e" * 40,
     }
     base = {k: v for k, v in os.environ.items() if k not in secrets}
     for missing in secrets:
