@@ -214,6 +214,17 @@ class Timeout(Unavailable):
     http_status = 504
 
 
+class BackendTimeout(Timeout, BackendUnavailable):
+    """A physical cluster did not answer in time: a timeout (504) and an unreachable cluster.
+
+    Its own code so that a script (``xinfra`` exits 4 for it, as for
+    ``backend_unavailable``) tells a slow or dead cluster from a slow metadata
+    service (``timeout``, exit 3).
+    """
+
+    code = "backend_timeout"
+
+
 class Backpressure(Unavailable):
     """A bounded buffer is full; wait for acknowledgements before sending more."""
 

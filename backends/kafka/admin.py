@@ -30,7 +30,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from backends.kafka.errors import from_exception
-from xinfra.errors import InvalidRequest, Timeout, TopicNotFound
+from xinfra.errors import BackendTimeout, InvalidRequest, TopicNotFound
 from xinfra.keyspace import KeyRange, check_covering, shard_ranges
 from xinfra.model import SHARD_COUNT_MAX, PhysicalTopicInfo
 
@@ -113,7 +113,7 @@ def _wait_for(
         if done(counts):
             return
         if time.monotonic() >= deadline:
-            raise Timeout(
+            raise BackendTimeout(
                 f"kafka {bootstrap}: {what} not visible in the cluster metadata after "
                 f"{timeout_s:.0f} s; describe the topic before retrying"
             )

@@ -16,6 +16,7 @@ from typing import Final
 from confluent_kafka import KafkaError, KafkaException
 
 from xinfra.errors import (
+    BackendTimeout,
     BackendUnavailable,
     CorruptData,
     Fenced,
@@ -25,7 +26,6 @@ from xinfra.errors import (
     OffsetOutOfRange,
     RecordTooLarge,
     StorageError,
-    Timeout,
     TopicAlreadyExists,
     TopicNotFound,
     Unauthenticated,
@@ -55,10 +55,10 @@ ERROR_TABLE: Final[dict[int, tuple[type[XinfraError], str]]] = {
         BackendUnavailable,
         "too few in-sync replicas acknowledged; the records may be stored, retry",
     ),
-    KafkaError.REQUEST_TIMED_OUT: (Timeout, "the broker did not answer in time; retry"),
-    KafkaError._TIMED_OUT: (Timeout, "no answer in time; " + _HINT_UNAVAILABLE),
+    KafkaError.REQUEST_TIMED_OUT: (BackendTimeout, "the broker did not answer in time; retry"),
+    KafkaError._TIMED_OUT: (BackendTimeout, "no answer in time; " + _HINT_UNAVAILABLE),
     KafkaError._MSG_TIMED_OUT: (
-        Timeout,
+        BackendTimeout,
         "not acknowledged within the request timeout; the records may be stored",
     ),
     # Bad requests.
@@ -129,5 +129,5 @@ def from_exception(exc: BaseException, bootstrap: str, what: str) -> XinfraError
             f"kafka {bootstrap}: {what}: librdkafka's queue is full ({exc}); retry later"
         )
     if isinstance(exc, TimeoutError):
-        return Timeout(f"kafka {bootstrap}: {what}: no answer in time; {_HINT_UNAVAILABLE}")
+        return BackendTimeout(f"kafka {bootstrap}: {what}: no answer in time; {_HINT_UNAVAILABLE}")
     return InvalidRequest(f"kafka {bootstrap}: {what}: {exc}")

@@ -9,6 +9,7 @@ from backends.kafka.config import BUFFER_RECORDS_MAX, producer_config, reader_co
 from backends.kafka.errors import from_exception, to_xinfra
 from xinfra.backend import ProducerOptions, ReaderOptions
 from xinfra.errors import (
+    BackendTimeout,
     BackendUnavailable,
     Fenced,
     InvalidRequest,
@@ -31,8 +32,8 @@ from xinfra.errors import (
         (KafkaError._TRANSPORT, BackendUnavailable),
         (KafkaError._ALL_BROKERS_DOWN, BackendUnavailable),
         (KafkaError.NOT_LEADER_FOR_PARTITION, NotLeader),
-        (KafkaError._MSG_TIMED_OUT, Timeout),
-        (KafkaError._TIMED_OUT, Timeout),
+        (KafkaError._MSG_TIMED_OUT, BackendTimeout),
+        (KafkaError._TIMED_OUT, BackendTimeout),
         (KafkaError.MSG_SIZE_TOO_LARGE, RecordTooLarge),
         (KafkaError.OFFSET_OUT_OF_RANGE, OffsetOutOfRange),
         (KafkaError._AUTO_OFFSET_RESET, OffsetOutOfRange),

@@ -24,6 +24,8 @@ def test_every_error_code_is_unique_and_round_trips() -> None:
     seen: dict[str, type[errors.XinfraError]] = {}
 
     def walk(cls: type[errors.XinfraError]) -> None:
+        if seen.get(cls.code) is cls:
+            return  # reached again through its other base (BackendTimeout: a Timeout too)
         assert cls.code not in seen, (
             f"{cls.__name__} reuses code {cls.code} of {seen.get(cls.code)}"
         )

@@ -17,7 +17,7 @@ from typing import Any
 from backends.northguard import protocol, tls
 from backends.northguard.client.connection import error_of
 from backends.northguard.protocol import MsgType
-from xinfra.errors import BackendUnavailable, ProtocolError, Timeout
+from xinfra.errors import BackendTimeout, BackendUnavailable, ProtocolError
 
 
 def request_blocking(
@@ -62,7 +62,7 @@ def request_blocking(
                         result: dict[str, Any] = payload.get("result") or {}
                         return result
     except TimeoutError as error:
-        raise Timeout(
+        raise BackendTimeout(
             f"{op} to Northguard broker {address} got no answer in {timeout_s:g} s"
         ) from error
     except OSError as error:

@@ -42,10 +42,10 @@ from backends.northguard import credentials, protocol, tls
 from backends.northguard.protocol import MsgType
 from backends.northguard.runtime import Runtime, TlsHandshakeError
 from xinfra.errors import (
+    BackendTimeout,
     BackendUnavailable,
     Backpressure,
     ProtocolError,
-    Timeout,
     Unauthorized,
     XinfraError,
     error_from_code,
@@ -204,7 +204,7 @@ class ClientConnection:
             self.send(protocol.encode_json(MsgType.REQUEST, correlation, {"op": op, **arguments}))
             payload = await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
-            raise Timeout(
+            raise BackendTimeout(
                 f"{op} to Northguard broker {self.address} got no answer in {timeout_s:g} s"
             ) from None
         finally:

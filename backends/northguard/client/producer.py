@@ -52,6 +52,7 @@ from backends.northguard.client.produce_stream import ProduceStream
 from backends.northguard.runtime import Runtime
 from xinfra.backend import ProducerOptions, ShardProducer
 from xinfra.errors import (
+    BackendTimeout,
     Backpressure,
     RecordTooLarge,
     Timeout,
@@ -307,7 +308,7 @@ class NorthguardProducer(ShardProducer):
                     self._pump(state)
                     return
                 except TimeoutError:
-                    state.last_error = Timeout(
+                    state.last_error = BackendTimeout(
                         f"Northguard broker {self._address} did not open a stream"
                     )
                 except XinfraError as error:
@@ -350,7 +351,7 @@ class NorthguardProducer(ShardProducer):
         waited = f"not acknowledged in {self._options.request_timeout_s:g} s by Northguard broker {self._address}"
         last = state.last_error
         if last is None or isinstance(last, Timeout):
-            self._fail_shard(state, Timeout(waited))
+            self._fail_shard(state, BackendTimeout(waited))
         else:
             self._fail_shard(state, type(last)(f"{waited}: {last.message}"))
 
