@@ -23,11 +23,13 @@ first alternating from round to round:
   Same linger (1 ms) both sides.  Like every timed loop here, it runs under
   ``frozen_heap``: what the bench process holds from other phases is not
   rescanned by the collector; what the clients allocate is collected as usual;
-* the cost of TLS: a second Northguard broker, same settings, its client
-  port TLS (``--tls-cert``, a P-256 test certificate; TLS 1.3 negotiated),
-  and the same 100 B produce to both brokers back to back, the first
-  alternating from round to round; ``tls_produce_ratio`` is TLS over plain
-  per round (target >= 0.8, hard).  Both sides pay the TLS handshake only
+* the cost of TLS and credentials: a second Northguard broker, same
+  settings, its client port TLS (``--tls-cert``, a P-256 test certificate;
+  TLS 1.3 negotiated) and a cluster secret (every connection authenticates
+  with a signed credential, every request is authorized against it), and
+  the same 100 B produce to both brokers back to back, the first
+  alternating from round to round; ``tls_produce_ratio`` is secured over
+  plain per round (target >= 0.8, hard).  Both sides pay the handshakes only
   when a producer connects: the timed loop measures the record path.
 
 The peer is tuned as its experts would run it (its configuration is in the
@@ -38,8 +40,8 @@ the comparison favours it, ``machine.peer`` says so.  The Northguard broker's
 own counters (flushes, fsyncs, read-cache hits) for the run, the data
 directory's filesystem and whether O_DIRECT was granted are in ``machine``.
 
-Targets: Northguard produce p99 at 10k records/s < 20 ms (hard), TLS produce
->= 0.8x plain (hard); the ratios against tansu are reported (``"hard": false``): leading tansu is a later issue.
+Targets: Northguard produce p99 at 10k records/s < 20 ms (hard), TLS and
+credentials produce >= 0.8x plain (hard); the ratios against tansu are reported (``"hard": false``): leading tansu is a later issue.
 
     .venv/bin/python bench/northguard.py --quick
 """
@@ -49,6 +51,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import secrets
 import sys
 import tempfile
 import time
@@ -76,6 +79,7 @@ from report import (  # bench/report.py: what every bench shares
 )
 
 from backends.northguard.backend import NorthguardBackend
+from backends.northguard.credentials import SECRET_ATTRIBUTE
 from backends.northguard.launcher import start_northguard_broker
 from backends.northguard.tls import CA_ATTRIBUTE, TLS_ATTRIBUTE, make_test_certificates
 from xinfra.backend import ProducerOptions, ReaderOptions, ShardProducer
@@ -548,11 +552,13 @@ async def run(args: argparse.Namespace) -> tuple[Rounds, dict[str, Any]]:
         tansu = start_kafka(Path(run_dir))
         northguard = start_northguard_broker(data_dir, log_path=Path(run_dir) / "ng.log")
         certificates = make_test_certificates(Path(run_dir) / "tls")
+        secret = secrets.token_hex(32)
         northguard_tls = start_northguard_broker(
             Path(run_dir) / "ng-tls-data",
             broker_id="2",
             log_path=Path(run_dir) / "ng-tls.log",
             tls=certificates,
+            secret=secret,
         )
         metrics_url = f"http://127.0.0.1:{northguard.http_port}/metrics"
         try:
@@ -564,7 +570,11 @@ async def run(args: argparse.Namespace) -> tuple[Rounds, dict[str, Any]]:
                     name="ng-tls",
                     kind=ClusterKind.NORTHGUARD,
                     bootstrap=northguard_tls.url,
-                    attributes={TLS_ATTRIBUTE: "true", CA_ATTRIBUTE: str(certificates.ca)},
+                    attributes={
+                        TLS_ATTRIBUTE: "true",
+                        CA_ATTRIBUTE: str(certificates.ca),
+                        SECRET_ATTRIBUTE: secret,  # the backend signs its own credential with it
+                    },
                 )
             )
             progress(f"northguard at {northguard.url}, tansu at {tansu.url}")
@@ -671,8 +681,10 @@ def main() -> None:
             "northguard_reader": {"fetch_bytes_max": FETCH_BYTES_MAX, "poll_records": POLL_RECORDS},
             "northguard_broker": "fps store, defaults (group commit 10 ms), fsync per group commit",
             "northguard_tls": "a second broker, same settings and disk, client port TLS 1.2+ "
-            "(P-256 test certificate, TLS 1.3 negotiated); 100 B produce to the plain and the TLS "
-            "broker back to back per round, first alternating; machine facts are the plain one's",
+            "(P-256 test certificate, TLS 1.3 negotiated) and a cluster secret (signed credential "
+            "per connection, every request authorized); 100 B produce to the plain and the "
+            "secured broker back to back per round, first alternating; machine facts are the "
+            "plain one's",
             "tansu_producer": kafka_producer_config("<tansu>", LINGER_MS),
             "tansu_latency_producer": kafka_producer_config("<tansu>", LATENCY_LINGER_MS),
             "tansu_consumer": kafka_consumer_config("<tansu>"),
