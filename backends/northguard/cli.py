@@ -74,6 +74,12 @@ def broker(
     snapshot_ops_max: int = typer.Option(
         0, help="Metadata journal ops between snapshots (0: the default, 10,000)."
     ),
+    connections_max: int = typer.Option(
+        4096, help="Client connections in total; one more is closed as it is accepted."
+    ),
+    connections_per_peer_max: int = typer.Option(
+        512, help="Client connections from one peer address; one more is closed on accept."
+    ),
     log_level: str = typer.Option("INFO", help="Logging level."),
     secret_file: Annotated[
         Path | None,
@@ -119,6 +125,8 @@ def broker(
         secret=_secret(secret_file),
         tls_cert=tls_cert,
         tls_key=tls_key,
+        connections_max=connections_max,
+        connections_per_peer_max=connections_per_peer_max,
     )
     run_broker(config, log_level)
 

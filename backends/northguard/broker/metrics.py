@@ -29,6 +29,11 @@ class BrokerMetrics:
         self.push_bytes = Counter("northguard_push_bytes", "Batch bytes pushed", registry=r)
         self.requests = Counter("northguard_requests", "Unary requests", ["op"], registry=r)
         self.errors = Counter("northguard_errors", "Errors sent to clients", ["code"], registry=r)
+        self.connections_refused = Counter(
+            "northguard_connections_refused",
+            "Connections closed on accept: past connections_max or connections_per_peer_max",
+            registry=r,
+        )
         self.connections = Gauge("northguard_connections", "Open client connections", registry=r)
         self.streams = Gauge("northguard_streams", "Open streams", ["kind"], registry=r)
         self.topics = Gauge("northguard_topics", "Topics", registry=r)

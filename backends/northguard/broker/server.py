@@ -6,6 +6,11 @@ never sees a half-recovered broker.  ``Broker.stop`` (SIGTERM) stops
 accepting, closes connections, waits for in-flight appends and closes the
 store cleanly; a SIGKILL instead is what the crash tests exercise.
 
+Connections: at most ``connections_max`` in total and ``connections_per_peer_max`` from
+one peer address; one past either is closed as it is accepted (counted in
+``northguard_connections_refused``), so no client can exhaust the broker's
+descriptors or memory by opening connections, and well-behaved peers keep theirs.
+
 TLS: with ``tls_cert`` and ``tls_key`` the client port speaks TLS 1.2+ only
 (``backends.northguard.tls``); a plaintext client's connection is dropped by
 the handshake.  The HTTP health and metrics port stays plaintext: it carries
@@ -58,6 +63,8 @@ class BrokerConfig:
     secret: bytes | None = None  # cluster secret: every connection must authenticate; None: open
     tls_cert: Path | None = None  # PEM certificate (chain) of the client port; None: plaintext
     tls_key: Path | None = None  # its private key; given exactly when tls_cert is
+    connections_max: int = 4096  # client connections in total; one more is closed on accept
+    connections_per_peer_max: int = 512  # from one peer address
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -66,6 +73,8 @@ class BrokerConfig:
             raise ValueError("sealed_segments_max is at least 1")
         if self.snapshot_ops_max is not None and self.snapshot_ops_max < 1:
             raise ValueError("snapshot_ops_max is at least 1 (None: the default)")
+        if not 1 <= self.connections_per_peer_max <= self.connections_max:
+            raise ValueError("1 <= connections_per_peer_max <= connections_max")
 
 
 class Broker:
@@ -95,6 +104,7 @@ class Broker:
         self._server: asyncio.AbstractServer | None = None
         self._http: asyncio.AbstractServer | None = None
         self._connections: set[BrokerConnection] = set()
+        self._per_peer: dict[str, int] = {}
         self._stopped = asyncio.Event()
         # Loaded now, so a missing or mismatched certificate stops the start before recovery.
         self._tls = (
@@ -170,6 +180,18 @@ class Broker:
     async def _on_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
+        peername = writer.get_extra_info("peername")
+        peer = str(peername[0]) if isinstance(peername, tuple) else str(peername)
+        from_peer = self._per_peer.get(peer, 0)
+        config = self.config
+        if (
+            len(self._connections) >= config.connections_max
+            or from_peer >= config.connections_per_peer_max
+        ):
+            self.metrics.connections_refused.inc()
+            writer.transport.abort()
+            return
+        self._per_peer[peer] = from_peer + 1
         connection = BrokerConnection(
             self.coordinator,
             self.metrics,
@@ -183,6 +205,9 @@ class Broker:
             await connection.run()
         finally:
             self._connections.discard(connection)
+            left = self._per_peer.pop(peer) - 1
+            if left:
+                self._per_peer[peer] = left
 
     async def stop(self) -> None:
         """Stop serving and close everything cleanly.  Idempotent."""
