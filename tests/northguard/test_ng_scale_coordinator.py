@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from ng_harness import in_process_broker, wait_for
 
 from backends.northguard.batch import encode_batch
+from backends.northguard.broker.coordinator import _PendingOp
 from backends.northguard.broker.server import Broker
 from backends.northguard.broker.state import State
+from xinfra.errors import Sealed
 from xinfra.keyspace import shard_ranges
 from xinfra.model import Record
 
@@ -104,5 +107,44 @@ async def test_a_range_keeps_at_most_sealed_segments_max(tmp_path: Path) -> None
         assert len(kept) == 2
         assert coordinator.state.ranges[rid].start_offset == 4  # the oldest went first
         assert sorted(s.segment_id for s in broker.store.segments()) == sorted(kept)
+    finally:
+        await broker.stop()
+
+
+async def test_an_op_queued_behind_a_seal_in_one_journal_write_sees_the_seal(
+    tmp_path: Path,
+) -> None:
+    """Preconditions run against the state before a batch: an op whose precondition an
+    earlier op of the same batch invalidates waits for the next write (found by the fuzz
+    test: ``segment opened in sealed range``)."""
+    broker = await in_process_broker(tmp_path / "data")
+    coordinator = broker.coordinator
+    try:
+        await coordinator.create_topic("doomed", shard_ranges(1), {})
+        (range_id,) = coordinator.topic("doomed").ranges
+        loop = asyncio.get_running_loop()
+
+        def still_active() -> None:
+            if coordinator.state.ranges[range_id].state is not State.ACTIVE:
+                raise Sealed(f"range {range_id} is sealed")
+
+        seal = _PendingOp({"op": "seal_topic", "name": "doomed"}, None, loop.create_future())
+        open_segment = _PendingOp(
+            {
+                "op": "open_segment",
+                "range_id": range_id,
+                "segment_id": "late",
+                "start_offset": 0,
+                "replicas": ["1"],
+                "created_ms": 0,
+            },
+            still_active,
+            loop.create_future(),
+        )
+        coordinator._queue_ops([seal, open_segment])  # one batch, as concurrent callers make
+        await seal.done
+        with pytest.raises(Sealed):
+            await open_segment.done
+        assert "late" not in coordinator.state.segments
     finally:
         await broker.stop()

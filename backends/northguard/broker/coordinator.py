@@ -287,7 +287,16 @@ class Coordinator:
             async with self._commit_lock:
                 accepted: list[_PendingOp] = []
                 seq = self.state.applied_seq
-                for pending in batch:
+                touched: set[tuple[str, Any]] | None = set()
+                for index, pending in enumerate(batch):
+                    if pending.precondition is not None and accepted:
+                        keys = self._touches(pending.op)
+                        if touched is None or keys is None or keys & touched:
+                            # Its precondition sees the state before this batch: an op
+                            # accepted ahead of it may change what it checks.  It goes
+                            # to the next journal write, after those ops are applied.
+                            self._pending[:0] = batch[index:]
+                            break
                     try:
                         if pending.precondition is not None:
                             pending.precondition()
@@ -297,6 +306,8 @@ class Coordinator:
                     seq += 1
                     pending.op["seq"] = seq
                     accepted.append(pending)
+                    keys = self._touches(pending.op)
+                    touched = None if touched is None or keys is None else touched | keys
                 if not accepted:
                     continue
                 try:
@@ -323,6 +334,27 @@ class Coordinator:
                 self._snapshotter is None or self._snapshotter.done()
             ):
                 self._snapshotter = asyncio.create_task(self._snapshot(), name="ng-snapshot")
+
+    def _touches(self, op: dict[str, Any]) -> set[tuple[str, Any]] | None:
+        """The topics, ranges and segments ``op`` changes; None when it may change any range
+        of a topic (deleting, sealing, splitting or merging)."""
+        if op["op"] in ("delete_topic", "seal_topic", "split_range", "merge_ranges"):
+            return None
+        keys: set[tuple[str, Any]] = set()
+        if "name" in op:
+            keys.add(("topic", op["name"]))
+        if "range_id" in op:
+            keys.add(("range", op["range_id"]))
+        segment_ids = [
+            *op.get("segment_ids", ()),
+            *([op["segment_id"]] if "segment_id" in op else []),
+        ]
+        for segment_id in segment_ids:
+            keys.add(("segment", segment_id))
+            segment = self.state.segments.get(segment_id)
+            if segment is not None:
+                keys.add(("range", segment.range_id))
+        return keys
 
     async def _snapshot(self) -> None:
         """Build the snapshot in a thread from the last one plus the ops since; install it."""
