@@ -11,22 +11,18 @@ acknowledged record exactly once, in per-key order.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from sdk_live import (
-    ADMIN_TOKEN,
-    VC,
     LiveService,
     assert_exactly_once,
     assert_per_key_order,
     needs_kafka,
     wait_until,
 )
-from test_migration_live import call, load, more
+from test_migration_live import call, group_reading, load, more
 from test_sdk_epochs import _check_read_back, assert_acked_inside_sealed_epochs
 
-from clients import GroupOptions, open_consumer
 from xinfra.model import EpochState
 
 pytestmark = [needs_kafka]
@@ -37,27 +33,7 @@ async def test_a_topic_moves_between_two_kafka_clusters_under_keyed_load_and_a_g
 ) -> None:
     topic = "upgraded"
     await live.create_topic(topic, kafka, 3)
-    members = [
-        await open_consumer(
-            live.url,
-            ADMIN_TOKEN,
-            VC,
-            group="upgrade-readers",
-            group_options=GroupOptions(auto_commit_interval_s=0.2),
-        )
-        for _ in range(2)
-    ]
-    seen: list[list[bytes | None]] = [[], []]
-    stop = asyncio.Event()
-
-    async def read(index: int) -> None:
-        while not stop.is_set():
-            seen[index].extend(r.value for r in await members[index].poll(500, timeout_s=0.2))
-
-    try:
-        for consumer in members:
-            await consumer.subscribe([topic])
-        readers = [asyncio.create_task(read(i)) for i in range(2)]
+    async with group_reading(live, topic, "upgrade-readers") as seen:
         async with load(live, topic) as stream:
             await more(stream)
             planned = await call(live, "POST", topic, target_cluster=second_kafka)
@@ -68,12 +44,6 @@ async def test_a_topic_moves_between_two_kafka_clusters_under_keyed_load_and_a_g
                 assert (step["state"], step["late_clients"]) == (state, [])
             await wait_until(lambda: stream.in_epoch(1) >= 200, 30)
         await wait_until(lambda: sum(map(len, seen)) >= len(stream.acked), 60)
-        stop.set()
-        await asyncio.gather(*readers)
-    finally:
-        stop.set()
-        for consumer in members:
-            await consumer.close()
     everything = seen[0] + seen[1]
     assert_exactly_once(everything, set(stream.acked))
     for values in seen:

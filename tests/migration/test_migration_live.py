@@ -7,7 +7,9 @@ across both epochs, in per-key order, at the position the producer was told.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -30,7 +32,7 @@ from test_sdk_epochs import (  # the load generator and read-back checks of the 
 )
 from timed_load import timed_load  # the load generator that times each send
 
-from clients import XinfraProducerOptions, open_producer
+from clients import GroupOptions, XinfraProducerOptions, open_consumer, open_producer
 from migration.machine import producer_stall_s_max
 from xinfra.model import EpochState
 
@@ -46,11 +48,51 @@ def api(live: LiveService, method: str, topic: str, step: str = "", **body: Any)
 
 
 async def call(live: LiveService, method: str, topic: str, step: str = "", **body: Any) -> Any:
-    import asyncio
-
     response = await asyncio.to_thread(api, live, method, topic, step, **body)
     assert response.status_code < 300, response.text
     return response.json()
+
+
+@contextlib.asynccontextmanager
+async def group_reading(
+    live: Any, topic: str, group: str, members: int = 2
+) -> AsyncIterator[list[list[bytes | None]]]:
+    """Members of ``group`` reading ``topic`` in the background while the block runs.
+
+    Yields what each member read so far (one list of values per member); the
+    readers stop and the members close when the block ends.
+    """
+    consumers = [
+        await open_consumer(
+            live.url,
+            ADMIN_TOKEN,
+            VC,
+            group=group,
+            group_options=GroupOptions(auto_commit_interval_s=0.2),
+        )
+        for _ in range(members)
+    ]
+    seen: list[list[bytes | None]] = [[] for _ in consumers]
+    stop = asyncio.Event()
+
+    async def read(index: int) -> None:
+        while not stop.is_set():
+            seen[index].extend(r.value for r in await consumers[index].poll(500, timeout_s=0.2))
+
+    readers: list[asyncio.Task[None]] = []
+    try:
+        for consumer in consumers:
+            await consumer.subscribe([topic])
+        readers = [asyncio.create_task(read(i)) for i in range(members)]
+        yield seen
+        stop.set()
+        await asyncio.gather(*readers)
+    finally:
+        stop.set()
+        for task in readers:
+            task.cancel()
+        for consumer in consumers:
+            await consumer.close()
 
 
 @contextlib.asynccontextmanager
@@ -244,32 +286,8 @@ async def test_a_consumer_group_reading_during_the_migration_gets_each_record_on
     """Two members read while the topic moves: they cross into the target at the translated
     position (committed positions in the source stay exact), none read twice, none lost."""
     xfail_on("end_offsets")
-    import asyncio
-
-    from clients import GroupOptions, open_consumer
-
     await live.create_topic("grouped", kafka, 4)
-    members = [
-        await open_consumer(
-            live.url,
-            ADMIN_TOKEN,
-            VC,
-            group="migrating-readers",
-            group_options=GroupOptions(auto_commit_interval_s=0.2),
-        )
-        for _ in range(2)
-    ]
-    seen: list[list[bytes | None]] = [[], []]
-    stop = asyncio.Event()
-
-    async def read(index: int) -> None:
-        while not stop.is_set():
-            seen[index].extend(r.value for r in await members[index].poll(500, timeout_s=0.2))
-
-    try:
-        for consumer in members:
-            await consumer.subscribe(["grouped"])
-        readers = [asyncio.create_task(read(i)) for i in range(2)]
+    async with group_reading(live, "grouped", "migrating-readers") as seen:
         async with load(live, "grouped") as stream:
             await more(stream)
             await call(live, "POST", "grouped", target_cluster=northguard)
@@ -277,12 +295,6 @@ async def test_a_consumer_group_reading_during_the_migration_gets_each_record_on
                 await call(live, "POST", "grouped", "/advance")
                 await more(stream)
         await wait_until(lambda: sum(map(len, seen)) >= len(stream.acked), 60)
-        stop.set()
-        await asyncio.gather(*readers)
-    finally:
-        stop.set()
-        for consumer in members:
-            await consumer.close()
     everything = seen[0] + seen[1]
     assert_exactly_once(everything, set(stream.acked))
     for values in seen:

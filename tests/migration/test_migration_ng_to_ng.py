@@ -14,24 +14,20 @@ bound (``migration.machine.producer_stall_s_max``).
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
 from sdk_live import (
-    ADMIN_TOKEN,
-    VC,
     LiveService,
     assert_exactly_once,
     assert_per_key_order,
     needs_northguard,
     wait_until,
 )
-from test_migration_live import call, more
+from test_migration_live import call, group_reading, more
 from test_sdk_epochs import _check_read_back, assert_acked_inside_sealed_epochs
 from timed_load import timed_load
 
-from clients import GroupOptions, open_consumer
 from migration.machine import producer_stall_s_max
 from xinfra.backend import open_backend
 from xinfra.errors import Sealed
@@ -48,27 +44,7 @@ async def test_a_topic_moves_between_two_northguard_clusters_under_keyed_load_an
 ) -> None:
     topic = "ng-moved"
     await live.create_topic(topic, northguard, 3)
-    members = [
-        await open_consumer(
-            live.url,
-            ADMIN_TOKEN,
-            VC,
-            group="ng-readers",
-            group_options=GroupOptions(auto_commit_interval_s=0.2),
-        )
-        for _ in range(2)
-    ]
-    seen: list[list[bytes | None]] = [[], []]
-    stop = asyncio.Event()
-
-    async def read(index: int) -> None:
-        while not stop.is_set():
-            seen[index].extend(r.value for r in await members[index].poll(500, timeout_s=0.2))
-
-    try:
-        for consumer in members:
-            await consumer.subscribe([topic])
-        readers = [asyncio.create_task(read(i)) for i in range(2)]
+    async with group_reading(live, topic, "ng-readers") as seen:
         async with timed_load(live, topic) as stream:
             await more(stream)
             stream.step = "planned"
@@ -93,12 +69,6 @@ async def test_a_topic_moves_between_two_northguard_clusters_under_keyed_load_an
             stream.step = "after"
             await more(stream)
         await wait_until(lambda: sum(map(len, seen)) >= len(stream.acked), 60)
-        stop.set()
-        await asyncio.gather(*readers)
-    finally:
-        stop.set()
-        for consumer in members:
-            await consumer.close()
     everything = seen[0] + seen[1]
     assert_exactly_once(everything, set(stream.acked))
     for values in seen:
