@@ -57,12 +57,7 @@ def kafka(live: LiveService, kafka_bootstrap: str) -> str:
     """The session's tansu registered in the service as physical cluster ``kafka``."""
     if KAFKA_MISSING is not None:
         pytest.skip(f"SKIPPED LOUDLY: {KAFKA_MISSING}")
-    with live.admin() as client:
-        client.request(
-            "POST",
-            "/v1/clusters",
-            json={"name": "kafka", "kind": "kafka", "bootstrap": kafka_bootstrap},
-        )
+    live.register_cluster("kafka", "kafka", kafka_bootstrap)
     return "kafka"
 
 
@@ -73,12 +68,7 @@ def second_kafka(live: LiveService, tmp_path: Path) -> Iterator[str]:
         pytest.skip(f"SKIPPED LOUDLY: {KAFKA_MISSING}")
     process = start_kafka(tmp_path / "kafka2")
     try:
-        with live.admin() as client:
-            client.request(
-                "POST",
-                "/v1/clusters",
-                json={"name": "kafka2", "kind": "kafka", "bootstrap": process.url},
-            )
+        live.register_cluster("kafka2", "kafka", process.url)
         yield "kafka2"
     finally:
         process.stop()
@@ -91,12 +81,7 @@ def doomed_kafka(live: LiveService, tmp_path: Path) -> Iterator[tuple[str, Manag
         pytest.skip(f"SKIPPED LOUDLY: {KAFKA_MISSING}")
     process = start_kafka(tmp_path / "doomed")
     try:
-        with live.admin() as client:
-            client.request(
-                "POST",
-                "/v1/clusters",
-                json={"name": "doomed", "kind": "kafka", "bootstrap": process.url},
-            )
+        live.register_cluster("doomed", "kafka", process.url)
         yield "doomed", process
     finally:
         process.stop()
@@ -125,12 +110,7 @@ def northguard(live: LiveService, tmp_path: Path) -> Iterator[str]:
     bootstrap = getattr(handle, "url", None) or getattr(handle, "bootstrap", None)
     assert isinstance(bootstrap, str), f"cannot find the bootstrap address of {handle!r}"
     try:
-        with live.admin() as client:
-            client.request(
-                "POST",
-                "/v1/clusters",
-                json={"name": "northguard", "kind": "northguard", "bootstrap": bootstrap},
-            )
+        live.register_cluster("northguard", "northguard", bootstrap)
         yield "northguard"
     finally:
         handle.stop()
@@ -151,17 +131,12 @@ def secured_broker(live: LiveService, tmp_path: Path) -> Iterator[Any]:
     secret_file.write_text(NORTHGUARD_SECRET + "\n")
     secret_file.chmod(0o600)
     try:
-        with live.admin() as client:
-            client.request(
-                "POST",
-                "/v1/clusters",
-                json={
-                    "name": "secured",
-                    "kind": "northguard",
-                    "bootstrap": process.url,
-                    "attributes": {credentials.SECRET_ATTRIBUTE: f"file:{secret_file}"},
-                },
-            )
+        live.register_cluster(
+            "secured",
+            "northguard",
+            process.url,
+            {credentials.SECRET_ATTRIBUTE: f"file:{secret_file}"},
+        )
         yield process
     finally:
         process.stop()

@@ -21,7 +21,7 @@ import pytest
 import uvicorn
 
 from metadata_service import ServiceConfig, create_app
-from xinfra.model import TopicMetadata
+from xinfra.model import ClusterKind, PhysicalCluster, TopicMetadata
 from xinfra.rest import MetadataClient
 from xinfra.services.ports import free_port
 
@@ -101,6 +101,17 @@ class LiveService:
 
     def admin(self) -> MetadataClient:
         return MetadataClient(self.url, token=ADMIN_TOKEN, timeout_s=60)
+
+    def register_cluster(
+        self, name: str, kind: str, bootstrap: str, attributes: dict[str, str] | None = None
+    ) -> str:
+        """Register a physical cluster (the service checks it answers); its name."""
+        cluster = PhysicalCluster(
+            name=name, kind=ClusterKind(kind), bootstrap=bootstrap, attributes=attributes or {}
+        )
+        with self.admin() as client:
+            client.register_cluster(cluster)
+        return name
 
     async def call(self, function: Callable[[MetadataClient], T]) -> T:
         """Run a blocking admin call off the event loop (an epoch change waits for our producers)."""

@@ -40,12 +40,7 @@ def restartable(live: LiveService, tmp_path: Path) -> Iterator[tuple[str, object
 
     process = start_northguard_broker(tmp_path / "ngr-data", log_path=tmp_path / "ngr.log")
     try:
-        with live.admin() as client:
-            client.request(
-                "POST",
-                "/v1/clusters",
-                json={"name": "ngr", "kind": "northguard", "bootstrap": process.url},
-            )
+        live.register_cluster("ngr", "northguard", process.url)
         yield "ngr", process
     finally:
         process.stop()

@@ -42,12 +42,7 @@ def second_northguard(live: LiveService, tmp_path: Path) -> Iterator[str]:
     launcher = importlib.import_module("backends.northguard.launcher")
     process = launcher.start_northguard(tmp_path / "northguard2")
     try:
-        with live.admin() as client:
-            client.request(
-                "POST",
-                "/v1/clusters",
-                json={"name": "northguard2", "kind": "northguard", "bootstrap": process.url},
-            )
+        live.register_cluster("northguard2", "northguard", process.url)
         yield "northguard2"
     finally:
         process.stop()

@@ -30,9 +30,9 @@ from test_sdk_epochs import (  # the load generator and read-back checks of the 
     _read_from_beginning,
     assert_acked_inside_sealed_epochs,
 )
-from timed_load import timed_load  # the load generator that times each send
+from timed_load import load, timed_load  # keyed load; the same timing each send
 
-from clients import GroupOptions, XinfraProducerOptions, open_consumer, open_producer
+from clients import GroupOptions, open_consumer
 from migration.machine import producer_stall_s_max
 from xinfra.model import EpochState
 
@@ -93,25 +93,6 @@ async def group_reading(
             task.cancel()
         for consumer in consumers:
             await consumer.close()
-
-
-@contextlib.asynccontextmanager
-async def load(live: Any, topic: str) -> Any:
-    token = await live.client_token(f"writer-{topic}")
-    producer = await open_producer(
-        live.url, token, VC, XinfraProducerOptions(linger_ms=2), topics=[topic], lease_s=6
-    )
-    stream = Stream(producer, topic)
-    stream.start()
-    try:
-        yield stream
-        await stream.stop()
-    finally:
-        with contextlib.suppress(Exception):
-            await stream.stop()
-        await producer.close()
-    assert not stream.failed, f"{len(stream.failed)} records failed, e.g. {stream.failed[:3]}"
-    assert len(stream.acked) == stream.sent
 
 
 async def more(stream: Stream, count: int = 200) -> None:

@@ -55,13 +55,14 @@ class TimedStream(Stream):  # type: ignore[misc]
 
 
 @contextlib.asynccontextmanager
-async def timed_load(live: Any, topic: str) -> AsyncIterator[TimedStream]:
-    """``test_migration_live.load`` with a ``TimedStream``: every acknowledged, none failed."""
+async def load(live: Any, topic: str, stream_type: type[Stream] = Stream) -> AsyncIterator[Any]:
+    """Keyed records sent to ``topic`` without pause while the block runs, by a client token's
+    producer; on exit every record sent was acknowledged and none failed."""
     token = await live.client_token(f"writer-{topic}")
     producer = await open_producer(
         live.url, token, VC, XinfraProducerOptions(linger_ms=2), topics=[topic], lease_s=6
     )
-    stream = TimedStream(producer, topic)
+    stream = stream_type(producer, topic)
     stream.start()
     try:
         yield stream
@@ -72,3 +73,8 @@ async def timed_load(live: Any, topic: str) -> AsyncIterator[TimedStream]:
         await producer.close()
     assert not stream.failed, f"{len(stream.failed)} records failed, e.g. {stream.failed[:3]}"
     assert len(stream.acked) == stream.sent
+
+
+def timed_load(live: Any, topic: str) -> contextlib.AbstractAsyncContextManager[TimedStream]:
+    """``load`` with a ``TimedStream``: every send timed by the step it was sent in."""
+    return load(live, topic, TimedStream)
