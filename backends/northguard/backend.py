@@ -2,8 +2,10 @@
 
 Shard *i* of a physical topic is its *i*-th current range in keyspace order
 (``xinfra.backend``): created from the given key ranges, so Kafka partitions
-and Northguard ranges line up.  Bootstrap is ``host:port`` (the first of a
-comma-separated list is used; any broker proxies metadata requests).
+and Northguard ranges line up.  Bootstrap is ``host:port`` or a
+comma-separated list of them: metadata requests go to the first that answers
+(any broker of a cluster answers them), streams to each range's leader as
+topic metadata names it.
 ``attributes['request_timeout_s']`` overrides the settings' request timeout.
 
 Credentials (``backends.northguard.credentials``): a cluster whose attributes
@@ -55,7 +57,8 @@ class NorthguardBackend(Backend):
 
     def __init__(self, cluster: PhysicalCluster, runtime: Runtime | None = None) -> None:
         self.cluster = cluster
-        self.address = cluster.bootstrap.split(",")[0].strip()
+        self.addresses = [a.strip() for a in cluster.bootstrap.split(",") if a.strip()]
+        self.address = self.addresses[0]
         timeout = cluster.attributes.get("request_timeout_s")
         self.request_timeout_s = float(timeout) if timeout else get_settings().request_timeout_s
         self._runtime = runtime or RealRuntime()
@@ -65,7 +68,11 @@ class NorthguardBackend(Backend):
         self._signed_s = 0.0
         self._tls_context = client_context(cluster.attributes)
         self._admin = AdminClient(
-            self._runtime, self.address, self.request_timeout_s, self.credential, self._tls_context
+            self._runtime,
+            ",".join(self.addresses),
+            self.request_timeout_s,
+            self.credential,
+            self._tls_context,
         )
         self._producers: set[NorthguardProducer] = set()
         self._readers: set[NorthguardReader] = set()
@@ -136,19 +143,11 @@ class NorthguardBackend(Backend):
         """
         view = self._views.get(topic)
         if view is None:
-            view = TopicView.from_json(
-                request_blocking(
-                    self.address,
-                    "topic_metadata",
-                    self.request_timeout_s,
-                    credential=self.credential(),
-                    tls_context=self._tls_context,
-                    name=topic,
-                )
-            )
+            view = TopicView.from_json(self._request_blocking("topic_metadata", name=topic))
+        leaders = {r.leader for r in view.ranges if r.leader is not None}
         producer = NorthguardProducer(
             self._runtime,
-            self.address,
+            leaders.pop() if len(leaders) == 1 else self.address,
             view,
             options or ProducerOptions(),
             self.credential,
@@ -157,10 +156,28 @@ class NorthguardBackend(Backend):
         self._producers.add(producer)
         return producer
 
+    def _request_blocking(self, op: str, **arguments: object) -> dict[str, object]:
+        """One blocking request to the first bootstrap broker that answers."""
+        failure: BackendUnavailable | None = None
+        for address in self.addresses:
+            try:
+                return request_blocking(
+                    address,
+                    op,
+                    self.request_timeout_s,
+                    credential=self.credential(),
+                    tls_context=self._tls_context,
+                    **arguments,
+                )
+            except BackendUnavailable as error:
+                failure = error
+        assert failure is not None
+        raise failure
+
     def reader(self, topic: str, options: ReaderOptions | None = None) -> ShardReader:
         reader = NorthguardReader(
             self._runtime,
-            self.address,
+            ",".join(self.addresses),
             topic,
             options or ReaderOptions(),
             self.request_timeout_s,

@@ -20,7 +20,7 @@ from xinfra.settings import get_settings
 
 DATA_DIR = Path(".xinfra/northguard")
 
-app = typer.Typer(help="Northguard: run a broker.", no_args_is_help=True)
+app = typer.Typer(help="Northguard: run a broker, show a cluster.", no_args_is_help=True)
 
 
 def _attributes(values: list[str]) -> dict[str, str]:
@@ -80,6 +80,30 @@ def broker(
     connections_per_peer_max: int = typer.Option(
         512, help="Client connections from one peer address; one more is closed on accept."
     ),
+    coordinator: str = typer.Option(
+        "",
+        help="host:port of the cluster's coordinator broker: this broker joins it as a member "
+        "(registers, heartbeats, holds replicas, forwards metadata requests). Empty: this broker "
+        "is the coordinator.",
+    ),
+    cluster: bool = typer.Option(
+        False, help="The coordinator of a multi-broker cluster (members join it by --coordinator)."
+    ),
+    advertised_address: str = typer.Option(
+        "", help="host:port other brokers and clients reach this broker at (empty: host:port)."
+    ),
+    replication_factor: int = typer.Option(
+        1,
+        help="Replicas of every new segment under the default storage policy (topics may set "
+        "replication.factor).",
+    ),
+    replica_timeout_s: float = typer.Option(
+        5.0, help="A follower that does not acknowledge a replicated append in this time fails."
+    ),
+    heartbeat_s: float = typer.Option(0.5, help="A member's heartbeat interval."),
+    broker_timeout_s: float = typer.Option(
+        3.0, help="A member without a heartbeat for this long is out of new replica sets."
+    ),
     log_level: str = typer.Option("INFO", help="Logging level."),
     secret_file: Annotated[
         Path | None,
@@ -127,8 +151,71 @@ def broker(
         tls_key=tls_key,
         connections_max=connections_max,
         connections_per_peer_max=connections_per_peer_max,
+        coordinator=coordinator or None,
+        cluster=cluster,
+        advertised_address=advertised_address or None,
+        replication_factor=replication_factor,
+        replica_timeout_s=replica_timeout_s,
+        heartbeat_s=heartbeat_s,
+        broker_timeout_s=broker_timeout_s,
     )
     run_broker(config, log_level)
+
+
+@app.command("status")
+def status(
+    bootstrap: str = typer.Option(
+        "127.0.0.1:9470", help="Comma-separated broker addresses; the first that answers is used."
+    ),
+    secret_file: Annotated[
+        Path | None, typer.Option(help=f"The cluster secret (else ${SECRET_ENV}), if it has one.")
+    ] = None,
+    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+    timeout_s: float = typer.Option(10.0, help="Request timeout."),
+) -> None:
+    """Brokers with attributes and load, segments with replica sets, under-replicated segments."""
+    import json
+
+    from backends.northguard.client.blocking import request_blocking
+    from backends.northguard.credentials import ADMIN, ALL_TOPICS, OPERATIONS, sign
+    from xinfra.errors import BackendUnavailable
+
+    secret = _secret(secret_file)
+    credential = (
+        None if secret is None else sign(secret, f"cli:{ADMIN}", ALL_TOPICS, OPERATIONS, 300.0)
+    )
+    result = None
+    failure: BackendUnavailable | None = None
+    for address in [a.strip() for a in bootstrap.split(",") if a.strip()]:
+        try:
+            result = request_blocking(address, "cluster_status", timeout_s, credential=credential)
+            break
+        except BackendUnavailable as error:
+            failure = error
+    if result is None:
+        typer.echo(f"backend_unavailable: {failure.message if failure else 'no address'}", err=True)
+        raise typer.Exit(4)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, sort_keys=True))
+        return
+    typer.echo(f"coordinator: broker {result['coordinator']}")
+    typer.echo("brokers:")
+    for row in result["brokers"]:
+        attributes = ",".join(f"{k}={v}" for k, v in sorted(row["attributes"].items())) or "-"
+        typer.echo(
+            f"  {row['broker_id']:>6} {row['address']:<21} {'live' if row['live'] else 'DOWN':<4} "
+            f"{row['role']:<11} attrs={attributes} active_segments={row['active_segments']} "
+            f"store_bytes={row['store_bytes']}"
+        )
+    typer.echo(f"segments: {len(result['segments'])} listed")
+    for segment in result["segments"]:
+        typer.echo(
+            f"  {segment['segment_id']:<14} {segment['topic']} range {segment['range_id']} "
+            f"{segment['state']:<6} [{segment['start_offset']}, {segment['end_offset']}) "
+            f"replicas={','.join(segment['replicas'])}"
+        )
+    under = result["under_replicated"]
+    typer.echo(f"under-replicated: {len(under)}" + (f" ({', '.join(under)})" if under else ""))
 
 
 @app.callback()

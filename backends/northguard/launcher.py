@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,6 +92,55 @@ def start_northguard_broker(
     process.start()
     process.wait_ready(lambda: port_open("127.0.0.1", port), timeout_s=timeout_s)
     return process
+
+
+def start_northguard_cluster(
+    run_dir: Path,
+    count: int = 3,
+    *,
+    replication_factor: int = 3,
+    attributes: list[dict[str, str]] | None = None,
+    extra_args: list[str] | None = None,
+    secret: str | None = None,
+) -> list[NorthguardProcess]:
+    """``count`` brokers as one cluster: broker 1 the coordinator, the others members joined to
+    it; the coordinator waits for the members to register before this returns, so the first
+    segment already has its replica set.  Stop them with ``stop`` on each (members first)."""
+    from backends.northguard.client.blocking import request_blocking
+
+    first_port = free_port()
+    address = f"127.0.0.1:{first_port}"
+    common = [*(extra_args or []), "--replication-factor", str(replication_factor)]
+    processes: list[NorthguardProcess] = []
+    try:
+        for index in range(count):
+            broker_id = str(index + 1)
+            args = [*common, "--cluster"] if index == 0 else [*common, "--coordinator", address]
+            processes.append(
+                start_northguard_broker(
+                    run_dir / f"broker-{broker_id}",
+                    first_port if index == 0 else None,
+                    broker_id=broker_id,
+                    attributes=(attributes or [{}] * count)[index],
+                    extra_args=args,
+                    log_path=run_dir / f"northguard-{broker_id}.log",
+                    secret=secret,
+                )
+            )
+        if secret is None:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while True:
+                status = request_blocking(address, "cluster_status", 10.0)
+                if sum(1 for b in status["brokers"] if b["live"]) == count:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"only {status['brokers']} of {count} brokers joined")
+                time.sleep(0.05)
+    except BaseException:
+        for process in reversed(processes):
+            process.stop()
+        raise
+    return processes
 
 
 def start_northguard(run_dir: Path, port: int | None = None) -> NorthguardProcess:

@@ -26,6 +26,13 @@ Streams (ids chosen by the client, unique per connection):
   the broker ``PUSH``es entries (base offset + batch) while pushed minus
   consumed bytes stay under the window; the client sends ``READ`` (stream,
   consumed bytes so far, window) to move it.
+* Replication (broker to broker): the segment leader sends ``REPLICA_OPEN``
+  {segment_id, start_offset} -> ``REPLICA_OPENED`` {end_offset}; then
+  ``REPLICA_APPEND`` (stream, base offset, record count, committed offset,
+  batch: the producer's bytes as stored) in offset order, pipelined; the
+  follower answers ``REPLICA_ACK`` (stream, durable end) once its store has
+  fsynced them (its group commit), M Acks for N ReplicaAppends.  A
+  ReplicaAppend of zero records carries only the committed offset.
 * Either side ends a stream with ``STREAM_CLOSE``; the broker reports a
   stream's failure with ``STREAM_ERROR`` {code, message}, which also ends it.
 """
@@ -51,6 +58,8 @@ _ACK = struct.Struct("<IQII")
 _PUSH = struct.Struct("<IH")
 _ENTRY = struct.Struct("<QI")
 _READ = struct.Struct("<IQI")
+_REPLICA_APPEND = struct.Struct("<IQIQ")
+_REPLICA_ACK = struct.Struct("<IQ")
 PUSH_ENTRIES_MAX = 65535
 JSON_BYTES_MAX = 1 << 20
 CONSUME_WINDOW_BYTES_MAX = 64 << 20
@@ -71,6 +80,10 @@ class MsgType(enum.IntEnum):
     STREAM_CLOSE = 11
     STREAM_ERROR = 12
     ERROR = 13
+    REPLICA_OPEN = 14
+    REPLICA_OPENED = 15
+    REPLICA_APPEND = 16
+    REPLICA_ACK = 17
 
 
 _TYPES = frozenset(int(t) for t in MsgType)
@@ -255,6 +268,38 @@ def decode_stream_close(body: bytes) -> int:
     return int(stream_id)
 
 
+def encode_replica_append(
+    stream_id: int, base_offset: int, count: int, committed: int, batch: bytes
+) -> bytes:
+    return frame(
+        MsgType.REPLICA_APPEND,
+        _REPLICA_APPEND.pack(stream_id, base_offset, count, committed),
+        batch,
+    )
+
+
+def decode_replica_append(body: bytes) -> tuple[int, int, int, int, bytes]:
+    """(stream id, base offset, record count, committed offset, batch bytes)."""
+    if len(body) < _REPLICA_APPEND.size:
+        raise ProtocolError("ReplicaAppend shorter than its header")
+    stream_id, base_offset, count, committed = _REPLICA_APPEND.unpack_from(body)
+    batch = body[_REPLICA_APPEND.size :]
+    if (count == 0) != (not batch):
+        raise ProtocolError("a ReplicaAppend carries records exactly when it carries a batch")
+    return stream_id, base_offset, count, committed, batch
+
+
+def encode_replica_ack(stream_id: int, durable_end: int) -> bytes:
+    return frame(MsgType.REPLICA_ACK, _REPLICA_ACK.pack(stream_id, durable_end))
+
+
+def decode_replica_ack(body: bytes) -> tuple[int, int]:
+    if len(body) != _REPLICA_ACK.size:
+        raise ProtocolError(f"ReplicaAck has {len(body)} bytes, not {_REPLICA_ACK.size}")
+    stream_id, durable_end = _REPLICA_ACK.unpack_from(body)
+    return stream_id, durable_end
+
+
 def decode_message(item: Frame) -> object:
     """Decode any frame's body by its type (what the fuzz test drives); ``ProtocolError`` if bad."""
     kind = item.type
@@ -268,4 +313,8 @@ def decode_message(item: Frame) -> object:
         return decode_read(item.body)
     if kind is MsgType.STREAM_CLOSE:
         return decode_stream_close(item.body)
+    if kind is MsgType.REPLICA_APPEND:
+        return decode_replica_append(item.body)
+    if kind is MsgType.REPLICA_ACK:
+        return decode_replica_ack(item.body)
     return decode_json(item.body)

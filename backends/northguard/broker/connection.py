@@ -41,8 +41,9 @@ from backends.northguard.broker.coordinator import Coordinator
 from backends.northguard.broker.fields import int_field, str_field
 from backends.northguard.broker.metrics import BrokerMetrics
 from backends.northguard.broker.produce_session import PRODUCE_WINDOW_BYTES_MAX, ProduceSession
-from backends.northguard.broker.requests import handle_request, operation_of
-from backends.northguard.credentials import READ, WRITE, Claims, verify
+from backends.northguard.broker.replication import ReplicaSession
+from backends.northguard.broker.requests import BROKER_OPS, handle_request, operation_of
+from backends.northguard.credentials import ADMIN, ALL_TOPICS, READ, WRITE, Claims, verify
 from backends.northguard.protocol import MsgType
 from xinfra.errors import (
     Backpressure,
@@ -81,6 +82,7 @@ class BrokerConnection:
         self._frame_bytes_max = frame_bytes_max
         self._producers: dict[int, ProduceSession] = {}
         self._consumers: dict[int, ConsumeSession] = {}
+        self._replicas: dict[int, ReplicaSession] = {}  # replica streams this broker follows
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         peer = writer.get_extra_info("peername")
@@ -120,6 +122,9 @@ class BrokerConnection:
         self._metrics.streams.labels("consume").dec(len(self._consumers))
         self._producers.clear()
         self._consumers.clear()
+        for session in self._replicas.values():
+            session.fenced = True  # its leader is gone: the coordinator fences and seals it
+        self._replicas.clear()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
@@ -150,6 +155,8 @@ class BrokerConnection:
             self._metrics.streams.labels("consume").dec()
             consumer.stop()  # now: the spawned close may be cancelled unrun
             self._spawn(consumer.close())
+        if (replica := self._replicas.pop(stream_id, None)) is not None:
+            replica.fenced = True
         self._write(
             protocol.encode_json(MsgType.STREAM_ERROR, stream_id, protocol.error_payload(error))
         )
@@ -171,6 +178,19 @@ class BrokerConnection:
                     producer.on_append(seq, batch)
                 except XinfraError as error:
                     self._stream_error(stream_id, error)
+        elif kind is MsgType.REPLICA_APPEND:
+            stream_id, base_offset, count, committed, data = protocol.decode_replica_append(
+                item.body
+            )
+            replica = self._replicas.get(stream_id)
+            if replica is not None:
+                try:
+                    replica.on_append(base_offset, count, committed, data)
+                except XinfraError as error:
+                    self._stream_error(stream_id, error)
+        elif kind is MsgType.REPLICA_OPEN:
+            stream_id, payload = protocol.decode_json(item.body)
+            self._open(stream_id, payload, self._open_replica)
         elif kind is MsgType.READ:
             stream_id, consumed, window = protocol.decode_read(item.body)
             consumer = self._consumers.get(stream_id)
@@ -209,6 +229,7 @@ class BrokerConnection:
                 self._metrics.streams.labels("consume").dec()
                 consumer.stop()  # now: the spawned close may be cancelled unrun
                 self._spawn(consumer.close())
+            self._replicas.pop(stream_id, None)  # the session stays for the fence
         else:
             raise ProtocolError(f"a client does not send {kind.name} messages")
 
@@ -241,7 +262,8 @@ class BrokerConnection:
         op = str(payload.get("op"))
         try:
             name = payload.get("name")
-            self._authorize(operation_of(op), name if isinstance(name, str) else None)
+            topic = ALL_TOPICS if op in BROKER_OPS else name if isinstance(name, str) else None
+            self._authorize(operation_of(op), topic)
             result = await handle_request(self._coordinator, payload)
             if op == "list_topics" and self._claims is not None:
                 result = {"topics": [t for t in result["topics"] if self._claims.covers(t)]}
@@ -257,9 +279,14 @@ class BrokerConnection:
 
     def _open(self, stream_id: int, payload: dict[str, Any], opener: Any) -> None:
         try:
-            if stream_id in self._producers or stream_id in self._consumers:
+            if (
+                stream_id in self._producers
+                or stream_id in self._consumers
+                or stream_id in self._replicas
+            ):
                 raise InvalidRequest(f"stream id {stream_id} is already open on this connection")
-            if len(self._producers) + len(self._consumers) >= STREAMS_PER_CONNECTION_MAX:
+            streams = len(self._producers) + len(self._consumers) + len(self._replicas)
+            if streams >= STREAMS_PER_CONNECTION_MAX:
                 raise Backpressure(
                     f"more than {STREAMS_PER_CONNECTION_MAX} streams on a connection"
                 )
@@ -306,6 +333,21 @@ class BrokerConnection:
                     "end_offset": range_log.committed,
                 },
             )
+        )
+
+    def _open_replica(self, stream_id: int, payload: dict[str, Any]) -> None:
+        """A segment leader opens the replica stream of a segment this broker follows."""
+        self._authorize(ADMIN, ALL_TOPICS)
+        str_field(payload, "segment_id")
+        int_field(payload, "start_offset")
+        if (failure := self._coordinator.store_failure) is not None:
+            raise StorageError(f"this broker takes no replicas until its store recovers: {failure}")
+        session, end_offset = self._coordinator.replicas.open(
+            stream_id, payload, self._write, self._stream_error
+        )
+        self._replicas[stream_id] = session
+        self._write(
+            protocol.encode_json(MsgType.REPLICA_OPENED, stream_id, {"end_offset": end_offset})
         )
 
     def _open_consume(self, stream_id: int, payload: dict[str, Any]) -> None:

@@ -47,6 +47,20 @@ ranges x (sealed_segments_max + 1) x 190 B.  Measured: 40,000 segments make a
 busy test machine), in a worker thread that still shares the GIL with the
 loop (switching every 5 ms).
 
+**Cluster (issue 15, first slice).**  This broker's coordinator owns all
+metadata (the one vnode) and leads every active segment; other brokers are
+members (``membership.py``) that register and heartbeat.  A new segment's
+replica set is chosen under the topic's policy from the live brokers, least
+loaded first (active segments, then stored bytes), this broker first:
+``replica_create`` on each follower, replica streams opened, then the
+``open_segment`` op.  Sealing a replicated segment *fences* it: each
+follower stops taking ReplicaAppends and answers its durable end; the seal
+point is the smallest end among the survivors (this broker included), every
+survivor truncates to it and seals, and ``seal_segment`` records the
+survivors as the segment's replicas (fewer than asked: under-replicated).
+A follower that does not answer is left out.  A member broker runs no
+coordinator: its metadata requests are forwarded here (``forward``).
+
 Control plane only: records never pass through here; ``RangeLog`` moves them.
 """
 
@@ -55,19 +69,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from backends.northguard.batch import check_batch, record_timestamps
 from backends.northguard.broker.journal import JOURNAL_OPS_MAX, FileJournal
+from backends.northguard.broker.membership import BROKER_TIMEOUT_S, Membership
+from backends.northguard.broker.peers import PeerPool
 from backends.northguard.broker.placement import (
     DEFAULT_POLICY,
     BrokerInfo,
     StoragePolicy,
     choose_replicas,
+    with_replication_factor,
 )
 from backends.northguard.broker.range_log import RangeLog
+from backends.northguard.broker.replication import (
+    REPLICA_TIMEOUT_S,
+    ReplicaHost,
+    ReplicaStream,
+    Replicator,
+)
 from backends.northguard.broker.state import MetadataState, RangeMeta, State, TopicMeta
 from backends.northguard.runtime import Runtime
 from backends.northguard.shielded import to_completion
@@ -90,6 +113,10 @@ log = logging.getLogger(__name__)
 
 TIMESTAMP_SCAN_BYTES = 4 << 20
 """Bytes read per store call when scanning for a timestamp (a cold path)."""
+REPLICATION_FACTOR_MAX = 16
+PLACEMENT_ATTEMPTS = 3
+"""Replica sets tried for one new segment before its appends fail (each failed follower is
+suspected, so the next attempt leaves it out)."""
 
 
 @dataclass
@@ -106,6 +133,15 @@ class CoordinatorConfig:
     policies: dict[str, StoragePolicy] = field(
         default_factory=lambda: {DEFAULT_POLICY.name: DEFAULT_POLICY}
     )
+    replication_factor: int = 1
+    """Replicas of a new segment under the default policy (a topic's ``replication.factor``
+    overrides it)."""
+    replica_timeout_s: float = REPLICA_TIMEOUT_S
+    broker_timeout_s: float = BROKER_TIMEOUT_S
+    member: bool = False
+    """A member broker: no metadata of its own, requests forwarded to the coordinator."""
+    cluster: bool = False
+    """Part of a multi-broker cluster: topic metadata names the leader's address."""
 
 
 class Coordinator:
@@ -141,6 +177,11 @@ class Coordinator:
         self.journal_ops = 0
         self._maintenance: asyncio.Task[None] | None = None
         self._me = BrokerInfo(config.broker_id, config.attributes)
+        self.membership = Membership(runtime, self._me, "", config.broker_timeout_s)
+        self.peers: PeerPool | None = None  # set by the broker in a cluster
+        self.replicas = ReplicaHost(store)
+        self.forward: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]] | None = None
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -153,6 +194,9 @@ class Coordinator:
             self.state.apply(op)
         self._ops_since_snapshot = list(ops)
         await self._store.open()
+        if self.config.member:  # the coordinator owns the metadata; replicas are its to delete
+            log.info("member broker: %d segment replicas in the store", len(self._store.segments()))
+            return
         known = set(self.state.segments)
         for info in self._store.segments():
             if info.segment_id not in known:
@@ -215,6 +259,8 @@ class Coordinator:
                 await self._maintenance
         for range_log in self.logs.values():
             await range_log.stop()
+        for background in list(self._background):
+            background.cancel()
         for task in (self._committer, self._snapshotter):
             if task is not None and not task.done():
                 with contextlib.suppress(Exception):
@@ -394,12 +440,18 @@ class Coordinator:
     # -- segments (called by range logs) -----------------------------------------------------------
 
     async def _roll(self, range_log: RangeLog, open_new: bool) -> str | None:
-        """Seal the range's active segment at its durable end; open a new one when asked."""
+        """Seal the range's active segment (at the smallest end among its surviving replicas);
+        open a new one on a fresh replica set when asked."""
         meta = range_log.meta
         if range_log.active is not None:
             segment_id = range_log.active
-            end = range_log.durable_end()
-            info = await self._store.seal(segment_id, end)
+            segment = self.state.segments[segment_id]
+            followers = [b for b in segment.replicas if b != self._me.broker_id]
+            if followers:
+                end, survivors = await self._fence_and_seal(range_log, segment_id, followers)
+            else:
+                info = await self._store.seal(segment_id, range_log.durable_end())
+                end, survivors = info.end_offset, list(segment.replicas)
 
             def still_active() -> None:
                 # the topic may have been deleted (or the segment sealed) while the store sealed
@@ -407,16 +459,16 @@ class Coordinator:
                 if segment is None or segment.state is not State.ACTIVE:
                     raise Sealed(f"segment {segment_id} is sealed or deleted already")
 
-            await self._commit(
-                {
-                    "op": "seal_segment",
-                    "segment_id": segment_id,
-                    "end_offset": info.end_offset,
-                    "sealed_ms": self._runtime.wall_ms(),
-                },
-                still_active,
-            )
-            range_log.sync_committed(info.end_offset)
+            op: dict[str, Any] = {
+                "op": "seal_segment",
+                "segment_id": segment_id,
+                "end_offset": end,
+                "sealed_ms": self._runtime.wall_ms(),
+            }
+            if survivors != segment.replicas:
+                op["replicas"] = survivors
+            await self._commit(op, still_active)
+            range_log.sync_committed(end)
             range_log.closed_segment()
         if not open_new:
             return None
@@ -431,30 +483,216 @@ class Coordinator:
 
         still_open()
         topic = self.state.topics[meta.topic]
-        replicas = choose_replicas(self._policy(topic), [self._me], {})
-        assert replicas == [self._me.broker_id], "one broker holds every replica today"
-        segment_id = f"r{meta.range_id}-{self.state.applied_seq + 1}"
-        await self._store.create_segment(segment_id, range_log.committed)
-        try:
-            await self._commit(
-                {
-                    "op": "open_segment",
-                    "range_id": meta.range_id,
-                    "segment_id": segment_id,
-                    "start_offset": range_log.committed,
-                    "replicas": replicas,
-                    "created_ms": self._runtime.wall_ms(),
-                },
-                still_open,
-            )
-        except Sealed:  # sealed while the store created it: the segment is an orphan now
-            with contextlib.suppress(XinfraError):
+        policy = self._policy(topic)
+        failure: XinfraError | None = None
+        for attempt in range(PLACEMENT_ATTEMPTS):
+            brokers = self.membership.live() if self.peers is not None else [self._me]
+            replicas = choose_replicas(policy, brokers, self._load(), first=self._me.broker_id)
+            segment_id = f"r{meta.range_id}-{self.state.applied_seq + 1}"
+            if attempt:
+                segment_id += f"-{attempt}"
+            start_offset = range_log.committed
+            await self._store.create_segment(segment_id, start_offset)
+            try:
+                replicator = await self._open_followers(
+                    range_log, segment_id, start_offset, replicas[1:]
+                )
+            except XinfraError as error:
+                failure = error
+                await self._delete_everywhere([segment_id], replicas)
+                continue
+            try:
+                await self._commit(
+                    {
+                        "op": "open_segment",
+                        "range_id": meta.range_id,
+                        "segment_id": segment_id,
+                        "start_offset": start_offset,
+                        "replicas": replicas,
+                        "created_ms": self._runtime.wall_ms(),
+                    },
+                    still_open,
+                )
+            except Sealed:  # sealed while the store created it: the segment is an orphan now
+                if replicator is not None:
+                    replicator.close_streams()
+                await self._delete_everywhere([segment_id], replicas)
+                raise
+            range_log.replicator = replicator
+            return segment_id
+        assert failure is not None
+        raise Unavailable(
+            f"range {meta.range_id}: no replica set of {len(replicas)} could be opened "
+            f"in {PLACEMENT_ATTEMPTS} attempts; last: {failure.message}"
+        )
+
+    async def _open_followers(
+        self, range_log: RangeLog, segment_id: str, start_offset: int, followers: list[str]
+    ) -> Replicator | None:
+        """Create the segment on each follower and open its replica stream (None: no followers).
+        A follower that fails is suspected (left out of the next attempt) and raises."""
+        if not followers:
+            return None
+        peers = self.peers
+        assert peers is not None
+        replicator = Replicator(
+            self._runtime,
+            segment_id,
+            start_offset,
+            self.config.replica_timeout_s,
+            range_log.advance,
+            range_log.replica_failed,
+        )
+
+        async def open_one(broker_id: str) -> None:
+            address = self.membership.address_of(broker_id)
+            if address is None:
+                raise Unavailable(f"broker {broker_id} has no known address")
+            try:
+                await peers.request(
+                    address, "replica_create", segment_id=segment_id, start_offset=start_offset
+                )
+                connection = await peers.connection(address)
+                stream = ReplicaStream(
+                    connection,
+                    broker_id,
+                    segment_id,
+                    start_offset,
+                    replicator.on_ack,
+                    replicator.stream_failed,
+                )
+                replicator.add(stream)
+                end = await asyncio.wait_for(
+                    asyncio.shield(stream.opened), self.config.replica_timeout_s
+                )
+                if end != start_offset:
+                    raise Unavailable(f"broker {broker_id} holds segment {segment_id} up to {end}")
+            except TimeoutError:
+                self.membership.suspect(broker_id)
+                raise Unavailable(f"broker {broker_id} did not open a replica stream") from None
+            except XinfraError:
+                self.membership.suspect(broker_id)
+                raise
+
+        results = await asyncio.gather(*(open_one(b) for b in followers), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                replicator.close_streams()
+                if isinstance(result, XinfraError):
+                    raise result
+                raise Unavailable(f"opening replica streams failed: {result!r}")
+        return replicator
+
+    async def _fence_and_seal(
+        self, range_log: RangeLog, segment_id: str, followers: list[str]
+    ) -> tuple[int, list[str]]:
+        """Fence the followers, seal every survivor at the smallest durable end among them.
+
+        Every acknowledged record is on every replica, so that end is at least the
+        committed offset: nothing acknowledged is lost; the longer tails are cut.
+        """
+        replicator = range_log.replicator
+        failed = dict(replicator.failed) if replicator is not None else {}
+        if replicator is not None:
+            replicator.close()
+        peers = self.peers
+        committed = range_log.committed
+
+        async def fence(broker_id: str) -> int | None:
+            address = self.membership.address_of(broker_id)
+            if broker_id in failed or address is None or peers is None:
+                return None
+            try:
+                result = await peers.request(address, "replica_fence", segment_id=segment_id)
+            except XinfraError as error:
+                log.warning("segment %s: cannot fence %s: %s", segment_id, broker_id, error)
+                self.membership.suspect(broker_id)
+                return None
+            end = int(result["end_offset"])
+            if end < committed:  # a replica that lost acknowledged records: never a survivor
+                log.error(
+                    "segment %s: broker %s holds up to %d, below the committed %d; left out",
+                    segment_id, broker_id, end, committed,
+                )  # fmt: skip
+                return None
+            return end
+
+        ends = await asyncio.gather(*(fence(b) for b in followers))
+        for broker_id in failed:
+            self.membership.suspect(broker_id)
+        survivors = [b for b, end in zip(followers, ends, strict=True) if end is not None]
+        end = min([range_log.durable_end(), *(e for e in ends if e is not None)])
+        assert end >= committed, f"seal at {end} below the committed offset {committed}"
+        info = await self._store.seal(segment_id, end)
+        assert info.end_offset == end
+
+        async def seal(broker_id: str) -> bool:
+            address = self.membership.address_of(broker_id)
+            assert address is not None and peers is not None
+            try:
+                await peers.request(address, "replica_seal", segment_id=segment_id, end_offset=end)
+            except XinfraError as error:
+                log.warning("segment %s: cannot seal on %s: %s", segment_id, broker_id, error)
+                self.membership.suspect(broker_id)
+                return False
+            return True
+
+        sealed = await asyncio.gather(*(seal(b) for b in survivors))
+        kept = [self._me.broker_id] + [b for b, ok in zip(survivors, sealed, strict=True) if ok]
+        if len(kept) <= len(followers):
+            log.warning(
+                "segment %s sealed at %d on %s (of %s): under-replicated",
+                segment_id, end, kept, [self._me.broker_id, *followers],
+            )  # fmt: skip
+        return end, kept
+
+    def _load(self) -> dict[str, tuple[int, ...]]:
+        """Per broker: active segment replicas, then stored bytes (what striping balances)."""
+        active: dict[str, int] = {}
+        for segment in self.state.segments.values():
+            if segment.state is State.ACTIVE:
+                for broker_id in segment.replicas:
+                    active[broker_id] = active.get(broker_id, 0) + 1
+        stored = {m.broker_id: m.store_bytes for m in self.membership.members.values()}
+        stored[self._me.broker_id] = sum(info.size_bytes for info in self._store.segments())
+        return {
+            broker_id: (active.get(broker_id, 0), stored.get(broker_id, 0))
+            for broker_id in {*active, *stored}
+        }
+
+    async def _delete_everywhere(self, segment_ids: list[str], replicas: list[str]) -> None:
+        """Delete segments here now and on the other replicas in the background (best effort:
+        a replica that misses it keeps an orphan until the re-replication issue cleans up)."""
+        for segment_id in segment_ids:
+            with contextlib.suppress(NotFound):
                 await self._store.delete_segment(segment_id)
-            raise
-        return segment_id
+        others = [b for b in replicas if b != self._me.broker_id]
+        if not others or self.peers is None:
+            return
+        peers = self.peers
+
+        async def delete_on(broker_id: str) -> None:
+            address = self.membership.address_of(broker_id)
+            if address is None:
+                return
+            for segment_id in segment_ids:
+                try:
+                    await peers.request(address, "replica_delete", segment_id=segment_id)
+                except XinfraError as error:
+                    log.info("deleting %s on %s failed: %s", segment_id, broker_id, error)
+                    return
+
+        for broker_id in others:
+            task = asyncio.create_task(delete_on(broker_id))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     def _policy(self, topic: TopicMeta) -> StoragePolicy:
         policy = self.config.policies.get(topic.policy, DEFAULT_POLICY)
+        factor = topic.config.get("replication.factor")
+        policy = with_replication_factor(
+            policy, int(factor) if factor is not None else self.config.replication_factor
+        )
         retention = topic.config.get("retention.ms")
         if retention is not None:
             policy = StoragePolicy(policy.name, int(retention), policy.constraints)
@@ -493,6 +731,14 @@ class Coordinator:
         policy = config.get("policy", DEFAULT_POLICY.name)
         if policy not in self.config.policies:
             raise InvalidRequest(f"unknown storage policy {policy!r}")
+        if "replication.factor" in config:
+            try:
+                if not 1 <= int(config["replication.factor"]) <= REPLICATION_FACTOR_MAX:
+                    raise ValueError
+            except ValueError as error:
+                raise InvalidRequest(
+                    f"replication.factor must be an integer in 1..{REPLICATION_FACTOR_MAX}"
+                ) from error
         if "retention.ms" in config:
             try:
                 if int(config["retention.ms"]) <= 0:
@@ -522,6 +768,7 @@ class Coordinator:
             topic = self.topic(name)
             logs = [self.logs[rid] for rid in topic.ranges]
             segments = [sid for rid in topic.ranges for sid in self.state.ranges[rid].segments]
+            holders = {sid: list(self.state.segments[sid].replicas) for sid in segments}
             for range_log in logs:
                 range_log.meta.state = State.SEALED  # refuse new appends at once
             for range_log in logs:
@@ -535,7 +782,7 @@ class Coordinator:
             for rid in topic.ranges:
                 del self.logs[rid]
         for segment_id in segments:
-            await self._store.delete_segment(segment_id)
+            await self._delete_everywhere([segment_id], holders[segment_id])
 
     async def seal_topic(self, name: str) -> dict[str, Any]:
         async with self._topic_lock:
@@ -628,6 +875,7 @@ class Coordinator:
             "end_offset": self.logs[meta.range_id].committed,
             "parents": meta.parents,
             "leader": self.config.broker_id,
+            "leader_address": self.membership.address if self.config.cluster else None,
         }
 
     def segment_metadata(self, name: str, range_id: int) -> dict[str, Any]:
@@ -665,6 +913,42 @@ class Coordinator:
                         if ts >= timestamp_ms and entry.base_offset + index >= offset:
                             return entry.base_offset + index
                 offset = entry.end_offset
+
+    def cluster_status(self) -> dict[str, Any]:
+        """Brokers (attributes, liveness, load) and segments with their replica sets; a sealed
+        segment with fewer replicas than its policy asks for is under-replicated."""
+        load = self._load()
+        brokers = self.membership.describe()
+        for row in brokers:
+            active, stored = load.get(row["broker_id"], (0, 0))
+            row["active_segments"] = active
+            row["store_bytes"] = stored
+        segments: list[dict[str, Any]] = []
+        under: list[str] = []
+        for segment in self.state.segments.values():
+            meta = self.state.ranges[segment.range_id]
+            topic = self.state.topics[meta.topic]
+            wanted = sum(c.count for c in self._policy(topic).constraints)
+            if len(segment.replicas) < wanted:
+                under.append(segment.segment_id)
+            segments.append(
+                {
+                    "segment_id": segment.segment_id,
+                    "topic": meta.topic,
+                    "range_id": segment.range_id,
+                    "state": segment.state.value,
+                    "start_offset": segment.start_offset,
+                    "end_offset": segment.end_offset,
+                    "replicas": segment.replicas,
+                    "replicas_wanted": wanted,
+                }
+            )
+        return {
+            "coordinator": self.config.broker_id,
+            "brokers": brokers,
+            "segments": segments,
+            "under_replicated": under,
+        }
 
     # -- maintenance: age limits and retention -----------------------------------------------------
 
@@ -714,6 +998,7 @@ class Coordinator:
                         if meta is None or not meta.segments or meta.segments[0] != first:
                             raise NotFound(f"range {rid} changed; retention retries later")
 
+                    holders = {sid: list(self.state.segments[sid].replicas) for sid in doomed}
                     try:
                         await self._commit(
                             {"op": "delete_segments", "range_id": rid, "segment_ids": doomed},
@@ -722,7 +1007,7 @@ class Coordinator:
                     except NotFound:
                         continue
                     for sid in doomed:
-                        await self._store.delete_segment(sid)
+                        await self._delete_everywhere([sid], holders[sid])
 
 
 class _RangeLogs(dict[int, RangeLog]):

@@ -57,19 +57,46 @@ class BrokerInfo:
 
 
 def choose_replicas(
-    policy: StoragePolicy, brokers: Sequence[BrokerInfo], load: Mapping[str, int]
+    policy: StoragePolicy,
+    brokers: Sequence[BrokerInfo],
+    load: Mapping[str, tuple[int, ...]],
+    first: str | None = None,
 ) -> list[str]:
-    """Broker ids for a new segment's replica set; ``Unavailable`` if the policy cannot be met."""
+    """Broker ids for a new segment's replica set; ``Unavailable`` if the policy cannot be met.
+
+    ``load`` orders eligible brokers, least loaded first (a missing broker has none).
+    ``first``: a broker that must hold a replica (the segment's leader), placed first
+    and counted in the first constraint it satisfies.
+    """
     chosen: list[str] = []
     for constraint in policy.constraints:
         eligible = [
             b for b in brokers if b.broker_id not in chosen and constraint.matches(b.attributes)
         ]
-        eligible.sort(key=lambda b: (load.get(b.broker_id, 0), b.broker_id))
+        eligible.sort(key=lambda b: (b.broker_id != first, load.get(b.broker_id, ()), b.broker_id))
         if len(eligible) < constraint.count:
             raise Unavailable(
                 f"storage policy {policy.name!r} needs {constraint.count} brokers matching "
                 f"{constraint.expression!r}; {len(eligible)} are available"
             )
         chosen += [b.broker_id for b in eligible[: constraint.count]]
+    if first is not None:
+        if first not in chosen:
+            raise Unavailable(
+                f"storage policy {policy.name!r} leaves out broker {first}, which leads every "
+                "active segment of this cluster (its coordinator)"
+            )
+        chosen.remove(first)
+        chosen.insert(0, first)
     return chosen
+
+
+def with_replication_factor(policy: StoragePolicy, factor: int) -> StoragePolicy:
+    """``policy`` with ``factor`` replicas from any broker, when it is the plain default policy.
+
+    A policy with its own constraints says how many replicas it wants; the topic's or the
+    broker's replication factor applies to the default policy (one constraint ``*``).
+    """
+    if policy.constraints == (Constraint(),):
+        return StoragePolicy(policy.name, policy.retention_ms, (Constraint("*", factor),))
+    return policy

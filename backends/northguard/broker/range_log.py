@@ -17,6 +17,19 @@ future resolve, the committed offset move and tail readers wake.  Appends
 are handed to the store in offset order without waiting for each other, so
 one group commit carries many appends of many ranges.
 
+**Replication.**  A segment with followers has a ``Replicator``
+(``replication.py``): every issued append is also sent to the followers, and
+an append commits only when the local store made it durable *and* every
+follower acknowledged it durable (``acked_end``).  When a follower fails (its
+stream breaks, or it does not acknowledge within the replica timeout) the
+range is *fenced*: new appends wait, and once the local store appends in
+flight have ended the roll seals the segment on the survivors at the smallest
+log end among them (``Coordinator._roll``).  In-flight appends below that end
+are then committed and acknowledged (every survivor has them durably);
+those past it are cut from the survivors and issued again, first, on the new
+segment, with the same futures: the producer's stream never sees the
+failure and nothing is stored twice.
+
 **Segments.**  The range appends to its active segment until it reaches the
 size or age limit, then ``roll`` waits for the in-flight appends, seals the
 segment at its durable end and asks the coordinator for a new one.  A log
@@ -56,6 +69,7 @@ from dataclasses import dataclass, field
 
 from backends.northguard.batch import NO_PRODUCER, batch_producer
 from backends.northguard.broker.log_limit import LogLimiter
+from backends.northguard.broker.replication import Replicator
 from backends.northguard.broker.state import RangeMeta, SegmentMeta, State
 from backends.northguard.runtime import Runtime
 from backends.northguard.store.base import Entry, SegmentStore
@@ -93,6 +107,7 @@ class _Inflight:
     base_offset: int
     count: int
     future: asyncio.Future[int]
+    batch: bytes  # kept until committed: re-issued on the next segment if a fence cuts it
     outcome: BaseException | bool | None = None  # None: not stored yet; True: durable
 
 
@@ -155,8 +170,14 @@ class RangeLog:
         self._inflight: deque[_Inflight] = deque()
         self._waiting: deque[tuple[bytes, int, asyncio.Future[int]]] = deque()
         self._broken: BaseException | None = None
+        self.replicator: Replicator | None = None
+        self.fenced: XinfraError | None = None  # a follower failed: seal on the survivors
+        self.needs_fence = bool(
+            last is not None and last.state is State.ACTIVE and len(last.replicas) > 1
+        )
         self._roll_task: asyncio.Task[None] | None = None
-        self._idle = asyncio.Event()
+        self._storing = 0  # local store appends in flight
+        self._idle = asyncio.Event()  # set while no local store append is in flight
         self._idle.set()
         self._listeners: set[Callable[[], None]] = set()
         self.producers: OrderedDict[int, ProducerState] = OrderedDict()
@@ -188,7 +209,12 @@ class RangeLog:
         return future
 
     def _needs_roll(self, batch_bytes: int) -> bool:
-        if self.active is None or self._broken is not None:
+        if (
+            self.active is None
+            or self._broken is not None
+            or self.fenced is not None
+            or self.needs_fence
+        ):
             return True
         if self._active_bytes and self._active_bytes + batch_bytes > self._segment_bytes_max:
             return True
@@ -196,15 +222,18 @@ class RangeLog:
 
     def _issue(self, batch: bytes, count: int, future: asyncio.Future[int]) -> None:
         assert self.active is not None
-        item = _Inflight(self._next_offset, count, future)
+        item = _Inflight(self._next_offset, count, future, batch)
         self._next_offset += count
         self._active_bytes += len(batch)
         self._inflight.append(item)
+        self._storing += 1
         self._idle.clear()
         task = self._loop.create_task(
             self._store.append(self.active, item.base_offset, count, batch)
         )
         task.add_done_callback(lambda done: self._stored(item, done))
+        if self.replicator is not None:
+            self.replicator.send(item.base_offset, count, batch, self.committed)
 
     def _stored(self, item: _Inflight, task: asyncio.Task[Entry]) -> None:
         if task.cancelled():
@@ -212,17 +241,34 @@ class RangeLog:
         else:
             error = task.exception()
             item.outcome = True if error is None else error
+        self._storing -= 1
+        self.advance()
+        if not self._storing:
+            self._idle.set()
+            if self._broken is not None:
+                self._start_roll(open_new=bool(self._waiting))
+            elif self.fenced is not None and self._inflight:
+                self._start_roll(open_new=True)
+
+    def advance(self) -> None:
+        """Commit, in offset order, the appends durable here and on every follower."""
         advanced = False
         inflight = self._inflight
+        replicated = self.replicator.acked_end() if self.replicator is not None else None
         while inflight and inflight[0].outcome is not None:
-            head = inflight.popleft()
+            head = inflight[0]
             if head.outcome is True and self._broken is None:
+                end = head.base_offset + head.count
+                if replicated is not None and (replicated < end or self.fenced is not None):
+                    break  # the followers have not all made it durable yet (or a fence decides)
+                inflight.popleft()
                 assert head.base_offset == self.committed, "commits out of offset order"
-                self.committed = head.base_offset + head.count
+                self.committed = end
                 advanced = True
                 if not head.future.done():
                     head.future.set_result(head.base_offset)
             else:
+                inflight.popleft()
                 if self._broken is None:
                     assert isinstance(head.outcome, BaseException)
                     self._broken = head.outcome
@@ -236,12 +282,19 @@ class RangeLog:
                 if not head.future.done():
                     head.future.set_exception(_as_error(self._broken))
         if advanced:
+            if self.replicator is not None:
+                self.replicator.send_committed(self.committed)
             for listener in list(self._listeners):
                 listener()
-        if not inflight:
-            self._idle.set()
-            if self._broken is not None:
-                self._start_roll(open_new=bool(self._waiting))
+
+    def replica_failed(self, broker_id: str, error: XinfraError) -> None:
+        """A follower of the active segment failed: fence the range and seal on the survivors."""
+        if self.fenced is None:
+            self.fenced = error
+        if self.replicator is not None:
+            self.replicator.close()
+        if not self._storing:
+            self._start_roll(open_new=bool(self._inflight or self._waiting))
 
     # -- segment rolls ---------------------------------------------------------------------------
 
@@ -254,6 +307,7 @@ class RangeLog:
             await self._idle.wait()
             segment_id = await self._roller(self, open_new or bool(self._waiting))
             self._broken = None
+            self.needs_fence = False
             self.active = segment_id
             self._next_offset = self.committed
             self._active_bytes = 0
@@ -302,8 +356,26 @@ class RangeLog:
             return self.committed
 
     def sync_committed(self, end: int) -> None:
-        """After a seal at ``end`` (>= committed): records up to there are durable and visible."""
+        """After a seal at ``end`` (>= committed): records up to there are durable on every
+        surviving replica, so committed and visible; in-flight appends past it are cut from the
+        replicas and go back, first and in order, to the appends waiting for the next segment."""
         assert end >= self.committed
+        inflight, self._inflight = self._inflight, deque()
+        cut: list[tuple[bytes, int, asyncio.Future[int]]] = []
+        for item in inflight:
+            item_end = item.base_offset + item.count
+            if item_end <= end and item.outcome is True and self._broken is None:
+                assert item.base_offset >= self.committed
+                if not item.future.done():
+                    item.future.set_result(item.base_offset)
+            elif item.base_offset >= end:
+                if not item.future.done():
+                    cut.append((item.batch, item.count, item.future))
+            else:
+                assert item.outcome is not True, f"seal at {end} inside an entry"
+                if not item.future.done():
+                    item.future.set_exception(_as_error(item.outcome or Sealed("cut")))
+        self._waiting.extendleft(reversed(cut))
         if end > self.committed:
             self.committed = end
             for listener in list(self._listeners):
@@ -322,6 +394,10 @@ class RangeLog:
     def closed_segment(self) -> None:
         """The roller sealed the active segment: appends need a new one."""
         self.active = None
+        self.fenced = None
+        if self.replicator is not None:
+            self.replicator.close_streams()
+            self.replicator = None
 
     async def stop(self) -> None:
         if self._load_task is not None and not self._load_task.done():
@@ -332,8 +408,10 @@ class RangeLog:
             self.producers_loaded.set_result(None)
         if self._roll_task is not None:
             self._roll_task.cancel()
-        if self._inflight:
+        if self._storing:
             await self._idle.wait()
+        if self.replicator is not None:
+            self.replicator.close_streams()
 
     # -- duplicates ------------------------------------------------------------------------------
 

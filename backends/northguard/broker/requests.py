@@ -3,8 +3,12 @@
 Every request names its ``op``; malformed arguments are ``InvalidRequest``,
 checked (``fields``) before any work proportional to them: a topic's range
 count is bounded before a range is built.
-In a cluster any broker would proxy a request to the leader of the vnode that
-owns the topic or range; with one broker this broker is that leader.
+In a cluster a member broker forwards every metadata request to the
+coordinator (``Coordinator.forward``, over its peer connection) after
+authorizing it here; the coordinator answers it as the owner of all metadata
+(the one vnode, until the vnodes of the sharded metadata issue).  The broker
+ops (``register_broker``, ``replica_*``) are answered by the broker that gets
+them: they are how brokers talk to each other, and need an admin credential.
 """
 
 from __future__ import annotations
@@ -31,8 +35,38 @@ OPS = frozenset(
         "split_range",
         "merge_ranges",
         "offset_for_timestamp",
+        "cluster_status",
+        "register_broker",
+        "replica_create",
+        "replica_fence",
+        "replica_seal",
+        "replica_delete",
+        "replica_checksum",
     }
 )
+LOCAL_OPS = frozenset(
+    {
+        "ping",
+        "replica_create",
+        "replica_fence",
+        "replica_seal",
+        "replica_delete",
+        "replica_checksum",
+    }
+)
+"""Ops a member answers itself; it forwards every other one to the coordinator."""
+BROKER_OPS = frozenset(
+    {
+        "cluster_status",
+        "register_broker",
+        "replica_create",
+        "replica_fence",
+        "replica_seal",
+        "replica_delete",
+        "replica_checksum",
+    }
+)
+"""Ops about the whole cluster: an admin credential for every topic (a broker's own) only."""
 
 
 _OPERATION_OF: dict[str, str | None] = {
@@ -47,6 +81,13 @@ _OPERATION_OF: dict[str, str | None] = {
     "seal_segment": ADMIN,
     "split_range": ADMIN,
     "merge_ranges": ADMIN,
+    "cluster_status": ADMIN,
+    "register_broker": ADMIN,
+    "replica_create": ADMIN,
+    "replica_fence": ADMIN,
+    "replica_seal": ADMIN,
+    "replica_delete": ADMIN,
+    "replica_checksum": ADMIN,
 }
 assert _OPERATION_OF.keys() == OPS
 
@@ -62,6 +103,9 @@ async def handle_request(coordinator: Coordinator, request: dict[str, Any]) -> d
     op = request.get("op")
     if not isinstance(op, str) or op not in OPS:
         raise InvalidRequest(f"unknown request op {op!r}")
+    forward = coordinator.forward
+    if forward is not None and op not in LOCAL_OPS:
+        return await forward(request)
     try:
         return await _dispatch(coordinator, op, request)
     except (KeyError, TypeError, ValueError, ArithmeticError) as error:
@@ -73,6 +117,37 @@ async def _dispatch(coordinator: Coordinator, op: str, request: dict[str, Any]) 
         return {"broker_id": coordinator.config.broker_id}
     if op == "list_topics":
         return {"topics": coordinator.list_topics()}
+    if op == "cluster_status":
+        return coordinator.cluster_status()
+    if op == "register_broker":
+        attributes = request.get("attributes") or {}
+        if not isinstance(attributes, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in attributes.items()
+        ):
+            raise InvalidRequest("attributes must map strings to strings")
+        coordinator.membership.heartbeat(
+            str_field(request, "broker_id"),
+            str_field(request, "address"),
+            attributes,
+            int_field(request, "store_bytes", default=0),
+        )
+        return {"coordinator": coordinator.config.broker_id}
+    if op.startswith("replica_"):
+        segment_id = str_field(request, "segment_id")
+        replicas = coordinator.replicas
+        if op == "replica_create":
+            await replicas.create(segment_id, int_field(request, "start_offset"))
+            return {}
+        if op == "replica_fence":
+            return {"end_offset": await replicas.fence(segment_id)}
+        if op == "replica_seal":
+            end = await replicas.seal(segment_id, int_field(request, "end_offset"))
+            return {"end_offset": end}
+        if op == "replica_checksum":
+            return await replicas.checksum(segment_id)
+        assert op == "replica_delete"
+        await replicas.delete(segment_id)
+        return {}
     name = str_field(request, "name")
     if op == "create_topic":
         if "ranges" in request:

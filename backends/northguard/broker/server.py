@@ -11,6 +11,13 @@ one peer address; one past either is closed as it is accepted (counted in
 ``northguard_connections_refused``), so no client can exhaust the broker's
 descriptors or memory by opening connections, and well-behaved peers keep theirs.
 
+Cluster: a broker started with ``coordinator`` (the coordinator broker's
+address) is a *member*: it registers and heartbeats there
+(``membership.py``), follows the replicas the coordinator places on it and
+forwards metadata requests to it.  A broker started without one is the
+coordinator; with ``cluster`` it publishes its ``advertised_address`` as the
+leader of every range and places replicas on the live members.
+
 TLS: with ``tls_cert`` and ``tls_key`` the client port speaks TLS 1.2+ only
 (``backends.northguard.tls``); a plaintext client's connection is dropped by
 the handshake.  The HTTP health and metrics port stays plaintext: it carries
@@ -30,7 +37,10 @@ from backends.northguard.broker.connection import BrokerConnection
 from backends.northguard.broker.coordinator import Coordinator, CoordinatorConfig
 from backends.northguard.broker.http import HealthServer
 from backends.northguard.broker.journal import FileJournal
+from backends.northguard.broker.membership import BROKER_TIMEOUT_S, HEARTBEAT_S, heartbeat_forever
 from backends.northguard.broker.metrics import BrokerMetrics
+from backends.northguard.broker.peers import PeerPool
+from backends.northguard.broker.replication import REPLICA_TIMEOUT_S
 from backends.northguard.broker.store_keeper import StoreKeeper
 from backends.northguard.credentials import SECRET_ENV
 from backends.northguard.protocol import FRAME_BYTES_MAX
@@ -65,6 +75,13 @@ class BrokerConfig:
     tls_key: Path | None = None  # its private key; given exactly when tls_cert is
     connections_max: int = 4096  # client connections in total; one more is closed on accept
     connections_per_peer_max: int = 512  # from one peer address
+    coordinator: str | None = None  # host:port of the coordinator broker; None: this is it
+    cluster: bool = False  # the coordinator of a multi-broker cluster (implied by coordinator)
+    advertised_address: str | None = None  # host:port peers and clients reach; None: host:port
+    replication_factor: int = 1  # replicas of a new segment under the default policy
+    heartbeat_s: float = HEARTBEAT_S
+    broker_timeout_s: float = BROKER_TIMEOUT_S
+    replica_timeout_s: float = REPLICA_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -75,14 +92,25 @@ class BrokerConfig:
             raise ValueError("snapshot_ops_max is at least 1 (None: the default)")
         if not 1 <= self.connections_per_peer_max <= self.connections_max:
             raise ValueError("1 <= connections_per_peer_max <= connections_max")
+        if not 1 <= self.replication_factor <= 16:
+            raise ValueError("replication_factor is in 1..16")
+        if self.coordinator is not None:
+            self.cluster = True
+        if min(self.heartbeat_s, self.broker_timeout_s, self.replica_timeout_s) <= 0:
+            raise ValueError("heartbeat_s, broker_timeout_s and replica_timeout_s are positive")
 
 
 class Broker:
-    def __init__(self, config: BrokerConfig, runtime: Runtime | None = None) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        runtime: Runtime | None = None,
+        store: SegmentStore | None = None,
+    ) -> None:
         self.config = config
         self.runtime = runtime or RealRuntime()
         self.metrics = BrokerMetrics()
-        self.store = self._make_store()
+        self.store = store or self._make_store()
         self.metrics.watch_store(self.store)
         self.coordinator = Coordinator(
             self.runtime,
@@ -96,8 +124,20 @@ class Broker:
                 maintenance_s=config.maintenance_s,
                 sealed_segments_max=config.sealed_segments_max,
                 snapshot_ops_max=config.snapshot_ops_max,
+                replication_factor=config.replication_factor,
+                replica_timeout_s=config.replica_timeout_s,
+                broker_timeout_s=config.broker_timeout_s,
+                member=config.coordinator is not None,
+                cluster=config.cluster,
             ),
         )
+        self.peers: PeerPool | None = None
+        if config.cluster:
+            self.peers = PeerPool(
+                self.runtime, config.broker_id, config.secret, config.replica_timeout_s
+            )
+            self.coordinator.peers = self.peers
+        self._heartbeat_task: asyncio.Task[None] | None = None
         self.metrics.watch_coordinator(self.coordinator)
         self._keeper = StoreKeeper(self.runtime, self.store, self.metrics.registry)
         self._keeper_task: asyncio.Task[None] | None = None
@@ -145,6 +185,10 @@ class Broker:
             self.config.host, self.config.port, self._on_connection, self._tls
         )
         self.port = _bound_port(self._server, self.config.port)
+        address = self.config.advertised_address or f"{self.config.host}:{self.port}"
+        self.coordinator.membership.address = address
+        if self.config.coordinator is not None:
+            self._join(self.config.coordinator, address)
         if self.config.http_port is not None:
             health = HealthServer(self.health, self.metrics.registry)
             self._http = await network.serve(self.config.host, self.config.http_port, health.handle)
@@ -157,6 +201,31 @@ class Broker:
             self.port,
             self.http_port,
             self.config.data_dir,
+        )
+
+    def _join(self, coordinator: str, address: str) -> None:
+        """A member: forward metadata requests to the coordinator, and heartbeat to it."""
+        peers = self.peers
+        assert peers is not None
+        config = self.config
+
+        async def forward(request: dict[str, Any]) -> dict[str, Any]:
+            arguments = {k: v for k, v in request.items() if k != "op"}
+            return await peers.request(coordinator, str(request["op"]), **arguments)
+
+        def registration() -> dict[str, Any]:
+            return {
+                "op": "register_broker",
+                "broker_id": config.broker_id,
+                "address": address,
+                "attributes": dict(config.attributes),
+                "store_bytes": sum(info.size_bytes for info in self.store.segments()),
+            }
+
+        self.coordinator.forward = forward
+        self._heartbeat_task = asyncio.create_task(
+            heartbeat_forever(self.runtime, forward, registration, config.heartbeat_s),
+            name="northguard-heartbeat",
         )
 
     @property
@@ -172,6 +241,7 @@ class Broker:
             "topics": len(self.coordinator.state.topics),
             "ranges": len(self.coordinator.state.ranges),
             "segments": len(self.coordinator.state.segments),
+            "role": "member" if self.config.coordinator is not None else "coordinator",
             "connections": len(self._connections),
             "store_failed": failure is not None,
             "store_error": None if failure is None else failure.message,
@@ -219,11 +289,14 @@ class Broker:
                 server.close()
         for connection in list(self._connections):
             await connection.close()
-        if self._keeper_task is not None:
-            self._keeper_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keeper_task
+        for task in (self._keeper_task, self._heartbeat_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.coordinator.stop()
+        if self.peers is not None:
+            await self.peers.close()
         with contextlib.suppress(Exception):
             await self.store.close()
         log.info("northguard broker %s stopped", self.config.broker_id)

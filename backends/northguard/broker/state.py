@@ -162,6 +162,8 @@ class MetadataState:
         segment.state = State.SEALED
         segment.end_offset = end
         segment.sealed_ms = op["sealed_ms"]
+        if "replicas" in op:  # the survivors of a replica failure: who holds the sealed segment
+            segment.replicas = list(op["replicas"])
 
     def _apply_delete_segments(self, op: dict[str, Any]) -> None:
         meta = self.ranges[op["range_id"]]

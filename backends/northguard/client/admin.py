@@ -3,7 +3,10 @@
 ``TopicView`` is what a producer or reader needs of a topic: its current
 ranges in keyspace order (shard *i* is range *i*), their ids, offsets and
 state.  ``AdminClient`` wraps one connection with typed methods; it
-reconnects when the last connection failed.
+reconnects when the last connection failed, trying every bootstrap address
+in turn (any broker of a cluster answers metadata requests: a member forwards
+them to the coordinator).  A range names its leader's address in a cluster
+(``RangeView.leader``); streams go there (``connection_to``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 
 from backends.northguard.client.connection import ClientConnection, CredentialSource
 from backends.northguard.runtime import Runtime
-from xinfra.errors import ShardOutOfRange
+from xinfra.errors import BackendUnavailable, ShardOutOfRange
 from xinfra.keyspace import KeyRange
 
 
@@ -25,6 +28,7 @@ class RangeView:
     sealed: bool
     start_offset: int
     end_offset: int
+    leader: str | None = None  # host:port of the broker leading its active segment (a cluster)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +51,7 @@ class TopicView:
                     r["state"] == "sealed",
                     r["start_offset"],
                     r["end_offset"],
+                    r.get("leader_address"),
                 )
                 for r in data["ranges"]
             ],
@@ -74,20 +79,47 @@ class AdminClient:
         self._runtime = runtime
         self._credential_source = credential_source
         self._tls_context = tls_context
-        self.address = address
+        self.addresses = [a.strip() for a in address.split(",") if a.strip()] or [address]
+        self.address = self.addresses[0]
         self.timeout_s = timeout_s
         self._connection: ClientConnection | None = None
+        self._others: dict[str, ClientConnection] = {}  # by address: leaders of streams
 
     async def connection(self) -> ClientConnection:
-        if self._connection is None or self._connection.closed:
-            self._connection = await ClientConnection.open(
-                self._runtime,
-                self.address,
-                self.timeout_s,
-                credential_source=self._credential_source,
-                tls_context=self._tls_context,
-            )
-        return self._connection
+        """A connection to any bootstrap broker: the last one that answered, else the next."""
+        if self._connection is not None and not self._connection.closed:
+            return self._connection
+        start = self.addresses.index(self.address)
+        failure: BackendUnavailable | None = None
+        for step in range(len(self.addresses)):
+            address = self.addresses[(start + step) % len(self.addresses)]
+            try:
+                self._connection = await self._open(address)
+            except BackendUnavailable as error:
+                failure = error
+                continue
+            self.address = address
+            return self._connection
+        assert failure is not None
+        raise failure
+
+    async def connection_to(self, address: str | None) -> ClientConnection:
+        """A connection to ``address`` (a range's leader), or to any bootstrap broker (None)."""
+        if address is None or address == self.address:
+            return await self.connection()
+        existing = self._others.get(address)
+        if existing is None or existing.closed:
+            existing = self._others[address] = await self._open(address)
+        return existing
+
+    async def _open(self, address: str) -> ClientConnection:
+        return await ClientConnection.open(
+            self._runtime,
+            address,
+            self.timeout_s,
+            credential_source=self._credential_source,
+            tls_context=self._tls_context,
+        )
 
     async def request(self, op: str, **arguments: Any) -> dict[str, Any]:
         connection = await self.connection()
@@ -141,3 +173,6 @@ class AdminClient:
         if self._connection is not None:
             await self._connection.close()
             self._connection = None
+        for connection in self._others.values():
+            await connection.close()
+        self._others.clear()

@@ -174,7 +174,7 @@ class ClientConnection:
 
     # -- requests --------------------------------------------------------------------------------
 
-    async def request(self, op: str, timeout_s: float, **arguments: Any) -> dict[str, Any]:
+    async def request(self, op: str, timeout_s: float, /, **arguments: Any) -> dict[str, Any]:
         """Send one unary request and return its result; raise the broker's error by its code.
 
         Refused as ``unauthorized`` (an expired credential), it is retried once after
@@ -313,6 +313,8 @@ class ClientConnection:
             MsgType.PRODUCE_OPENED,
             MsgType.CONSUME_OPENED,
             MsgType.STREAM_ERROR,
+            MsgType.REPLICA_OPENED,
+            MsgType.REPLICA_ACK,
         ):
             if len(item.body) < 4:
                 raise ProtocolError(f"{kind.name} shorter than its stream id")

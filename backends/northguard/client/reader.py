@@ -101,7 +101,7 @@ class NorthguardReader(ShardReader):
                     raise failure
                 stream = None
             if stream is None:
-                connection = await self._admin.connection()
+                connection = await self._admin.connection_to(view.ranges[shard].leader)
                 if shard in self._streams or self._positions.get(shard) != position:
                     continue  # the assignment changed while connecting
                 self._streams[shard] = ConsumeStream(

@@ -1,0 +1,223 @@
+"""Northguard as a replicated cluster (issue 15, first slice), on real broker processes.
+
+Broker 1 is the coordinator (all metadata, leader of every active segment);
+the others join it with ``--coordinator``.  Checked here: members register
+with their attributes; every new segment gets a replica set of the
+replication factor; every record is readable; sealed replicas are
+byte-identical (a SHA-256 of each replica's entries, asked of each broker);
+a SIGKILLed follower under keyed produce loses no acknowledged record,
+duplicates none, and the producer continues on a new segment whose replica
+set leaves the dead broker out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ng_harness import WAIT_S, backend_for, read_until
+
+from backends.northguard.client.blocking import request_blocking
+from backends.northguard.launcher import NorthguardProcess, start_northguard_cluster
+from xinfra.backend import ProducerOptions
+from xinfra.errors import XinfraError
+from xinfra.keyspace import shard_ranges
+from xinfra.model import Record
+
+REPLICA_TIMEOUT_ARGS = ["--replica-timeout-s", "2", "--broker-timeout-s", "2"]
+
+
+def request(process: NorthguardProcess, op: str, **arguments: Any) -> dict[str, Any]:
+    return request_blocking(process.url, op, WAIT_S, **arguments)
+
+
+def checksums(processes: list[NorthguardProcess], segment: dict[str, Any]) -> dict[str, str]:
+    """Per replica of ``segment``: the SHA-256 of its entries as that broker stores them."""
+    by_id = {p.name.rsplit(" ", 1)[-1]: p for p in processes}
+    result: dict[str, str] = {}
+    for broker_id in segment["replicas"]:
+        answer = request(by_id[broker_id], "replica_checksum", segment_id=segment["segment_id"])
+        assert answer["state"] == "sealed"
+        assert answer["end_offset"] == segment["end_offset"]
+        result[broker_id] = answer["sha256"]
+    return result
+
+
+def wait_until(condition: Any, what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def three_brokers(tmp_path: Path) -> Iterator[list[NorthguardProcess]]:
+    processes = start_northguard_cluster(
+        tmp_path,
+        3,
+        replication_factor=3,
+        attributes=[{"rack": "r1"}, {"rack": "r2"}, {"rack": "r3"}],
+    )
+    yield processes
+    for process in reversed(processes):
+        process.stop()
+
+
+@pytest.fixture
+def four_brokers(tmp_path: Path) -> Iterator[list[NorthguardProcess]]:
+    processes = start_northguard_cluster(
+        tmp_path, 4, replication_factor=3, extra_args=REPLICA_TIMEOUT_ARGS
+    )
+    yield processes
+    for process in reversed(processes):
+        process.stop()
+
+
+def test_members_register_with_their_attributes(three_brokers: list[NorthguardProcess]) -> None:
+    for process in three_brokers:  # any broker answers: a member forwards to the coordinator
+        status = request(process, "cluster_status")
+        assert status["coordinator"] == "1"
+        rows = {row["broker_id"]: row for row in status["brokers"]}
+        assert set(rows) == {"1", "2", "3"}
+        assert all(row["live"] for row in rows.values())
+        assert {b: r["attributes"] for b, r in rows.items()} == {
+            "1": {"rack": "r1"},
+            "2": {"rack": "r2"},
+            "3": {"rack": "r3"},
+        }
+        assert rows["1"]["role"] == "coordinator" and rows["2"]["role"] == "member"
+
+
+async def test_three_replicas_every_record_readable_and_sealed_replicas_identical(
+    three_brokers: list[NorthguardProcess],
+) -> None:
+    bootstrap = ",".join(p.url for p in reversed(three_brokers))  # a member first
+    backend = backend_for(bootstrap)
+    try:
+        await backend.create_topic("replicated", shard_ranges(2))
+        producer = backend.producer("replicated", ProducerOptions(linger_ms=1))
+        sent: dict[int, list[bytes]] = {0: [], 1: []}
+        for round_ in range(20):
+            futures = []
+            for shard in (0, 1):
+                values = [b"s%d-%05d" % (shard, round_ * 25 + i) for i in range(25)]
+                sent[shard] += values
+                futures.append(producer.send(shard, [Record(value=v) for v in values]))
+            await asyncio.gather(*futures)
+        for shard in (0, 1):
+            reader = backend.reader("replicated")
+            reader.assign({shard: 0})
+            got = await read_until(reader, len(sent[shard]))
+            await reader.close()
+            assert [r.value for r in got] == sent[shard]
+            assert [r.offset for r in got] == list(range(len(sent[shard])))
+        view = await backend.describe_topic("replicated")
+        assert len(view.shards) == 2
+    finally:
+        await backend.close()
+    coordinator = three_brokers[0]
+    topic = request(coordinator, "topic_metadata", name="replicated")
+    for range_ in topic["ranges"]:
+        meta = request(coordinator, "seal_segment", name="replicated", range_id=range_["range_id"])
+        [segment] = meta["segments"]
+        assert sorted(segment["replicas"]) == ["1", "2", "3"]
+        assert segment["state"] == "sealed" and segment["end_offset"] == 500
+        digests = checksums(three_brokers, segment)
+        assert len(set(digests.values())) == 1, digests
+    status = request(three_brokers[1], "cluster_status")
+    assert status["under_replicated"] == []
+
+
+@pytest.mark.slow
+async def test_sigkill_of_a_follower_under_keyed_produce(
+    four_brokers: list[NorthguardProcess],
+) -> None:
+    """Every acknowledged record is read back once, in order; the producer moves on to a new
+    segment without the dead broker; the sealed segment's survivors are byte-identical."""
+    coordinator = four_brokers[0]
+    backend = backend_for(coordinator.url, request_timeout_s="60")
+    await backend.create_topic("kill", shard_ranges(1))
+    producer = backend.producer("kill", ProducerOptions(linger_ms=2, request_timeout_s=60))
+    acknowledged: list[tuple[int, bytes]] = []
+    failures: list[XinfraError] = []
+    stop = asyncio.Event()
+    killed_at = 0
+
+    async def produce() -> None:
+        number = 0
+        in_flight: set[asyncio.Future[list[int]]] = set()
+        while not stop.is_set():
+            values = [b"key-%d:%09d" % (number % 7, number + i) for i in range(10)]
+            number += 10
+            future = producer.send(0, [Record(key=b"k", value=v) for v in values])
+
+            def settle(done: asyncio.Future[list[int]], values: list[bytes] = values) -> None:
+                if done.exception() is not None:
+                    failures.append(done.exception())  # type: ignore[arg-type]
+                    return
+                acknowledged.extend(zip(done.result(), values, strict=True))
+
+            future.add_done_callback(settle)
+            in_flight.add(future)
+            future.add_done_callback(in_flight.discard)
+            while len(in_flight) >= 8:
+                await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.sleep(0.002)
+        if in_flight:
+            await asyncio.wait(in_flight, timeout=WAIT_S)
+
+    task = asyncio.create_task(produce())
+    try:
+        await _wait(lambda: len(acknowledged) >= 300, "acknowledgements before the kill")
+        active = request(coordinator, "segment_metadata", name="kill", range_id=1)["segments"][-1]
+        victim_id = next(b for b in active["replicas"] if b != "1")
+        victim = next(p for p in four_brokers if p.name.endswith(f" {victim_id}"))
+        victim.kill()
+        killed_at = len(acknowledged)
+        await _wait(
+            lambda: len(acknowledged) >= killed_at + 300, "acknowledgements after the kill", 60
+        )
+    finally:
+        stop.set()
+        await task
+    assert failures == []
+    await producer.close()
+
+    reader = backend.reader("kill")
+    reader.assign({0: 0})
+    end = max(offset for offset, _ in acknowledged) + 1
+    got = await read_until(reader, end, timeout_s=60)
+    await reader.close()
+    await backend.close()
+    stored = {record.offset: record.value for record in got}
+    assert [r.offset for r in got] == list(range(len(got)))
+    for offset, value in acknowledged:
+        assert stored[offset] == value, f"acknowledged offset {offset} lost or changed"
+    values = [r.value for r in got]
+    assert len(values) == len(set(values)), "a record was stored twice"
+    numbers = [int(value.split(b":")[1]) for value in values]
+    assert numbers == sorted(numbers), "records out of send order"
+
+    segments = request(coordinator, "segment_metadata", name="kill", range_id=1)["segments"]
+    sealed = [s for s in segments if s["state"] == "sealed"]
+    hit = next(s for s in sealed if s["segment_id"] == active["segment_id"])
+    assert victim_id not in hit["replicas"] and len(hit["replicas"]) == 2
+    live = [p for p in four_brokers if p is not victim]
+    assert len(set(checksums(live, hit).values())) == 1
+    after = [s for s in segments if s["start_offset"] >= hit["end_offset"]]
+    assert after and all(victim_id not in s["replicas"] for s in after)
+    assert all(len(s["replicas"]) == 3 for s in after)
+    status = request(coordinator, "cluster_status")
+    assert hit["segment_id"] in status["under_replicated"]
+    assert {r["broker_id"]: r["live"] for r in status["brokers"]}[victim_id] is False
+
+
+async def _wait(condition: Any, what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
