@@ -30,6 +30,7 @@ from metadata_service.deps import Services
 from metadata_service.gate import RequestGate, peer_of
 from metadata_service.groups import Groups, build_groups
 from metadata_service.groups.schemas import CommitIn
+from metadata_service.hot_routes import HotRoutes
 from metadata_service.metrics import MetricsMiddleware, ServiceMetrics
 from metadata_service.migrate import prepare_sqlite_path, upgrade_database
 from metadata_service.notify import (
@@ -69,6 +70,11 @@ _COMMIT_ROUTE = SimpleNamespace(path="/v1/vclusters/{vc}/groups/{group}/commit")
 
 class MetadataFastPath:
     """Serve plain topic-metadata reads and checkpoint commits without FastAPI's routing.
+
+    Under ``metadata_service.server``'s httptools protocol the hot routes
+    (``metadata_service.hot_routes``) answer cache hits and commits before any
+    ASGI layer; this middleware serves what they hand on (cache misses, a
+    group to claim, a token to look up) and every request under h11.
 
     A GET of ``/v1/vclusters/{vc}/topics/{topic}/metadata`` without a query
     string, whose names are valid and whose token may read ``vc``, is answered
@@ -281,6 +287,9 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
     app.state.services = services
     app.state.config = config
     app.state.groups = group_service
+    app.state.hot_routes = HotRoutes(
+        services.topics, services.tokens, group_service, services.runtime.metrics
+    )
     app.state.migrations = migrations
     install_problem_handlers(app)
     app.add_exception_handler(NotCoordinator, groups.not_coordinator_response)

@@ -90,6 +90,9 @@ class Principal:
             self.require_read(vcluster)
 
 
+_BOOTSTRAP_ADMIN = Principal("bootstrap-admin", "admin", "*")
+
+
 class TokenService:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
@@ -119,7 +122,7 @@ class TokenService:
             raise Unauthenticated("the Authorization header must be 'Bearer <token>'")
         digest = hash_token(token.strip())
         if self._bootstrap_hash is not None and hmac.compare_digest(digest, self._bootstrap_hash):
-            return Principal("bootstrap-admin", "admin", "*")
+            return _BOOTSTRAP_ADMIN
         now = time.monotonic()
         cached = self._cache.get(digest)
         if cached is not None and cached[1] > now:
@@ -148,6 +151,26 @@ class TokenService:
         if principal is None:
             raise Unauthenticated("unknown or revoked token")
         return principal
+
+    def authenticate_cached(self, authorization: str | None) -> Principal | None:
+        """The principal of a bearer token known without a store lookup: the configured admin
+        token, or a token verified within ``token_cache_s``.  None for anything else (unknown,
+        expired from the cache, refused, malformed, missing): ``authenticate`` answers those,
+        errors included."""
+        if not authorization:
+            return None
+        scheme, _, token = authorization.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return None
+        digest = hash_token(token)
+        if self._bootstrap_hash is not None and hmac.compare_digest(digest, self._bootstrap_hash):
+            return _BOOTSTRAP_ADMIN
+        cached = self._cache.get(digest)
+        if cached is None or cached[0] is None or cached[1] <= time.monotonic():
+            return None
+        self.runtime.metrics.token_cache_hits.inc()
+        return cached[0]
 
     async def create(self, name: str, role: str, scope: str) -> tuple[str, int]:
         """A new token (returned once); 429 past ``token_creations_burst`` at a time."""

@@ -66,6 +66,21 @@ class ServiceMetrics:
             "Registered clients removed after their TTL.",
             registry=self.registry,
         )
+        self._request_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        """(method, route template, status) → its bound counter and histogram; as bounded as
+        the labels are."""
+
+    def request_done(self, method: str, template: str, status: int, seconds: float) -> None:
+        """Count one answered HTTP request and observe its latency, by route template."""
+        key = (method, template, status)
+        children = self._request_children.get(key)
+        if children is None:
+            children = self._request_children[key] = (
+                self.requests.labels(method, template, str(status)),
+                self.latency.labels(method, template),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
 
 
 class MetricsMiddleware:
@@ -74,9 +89,6 @@ class MetricsMiddleware:
     def __init__(self, app: Any, metrics: ServiceMetrics) -> None:
         self.app = app
         self.metrics = metrics
-        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
-        """(method, route template, status) → its bound counter and histogram; as bounded as
-        the labels are."""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -96,12 +108,6 @@ class MetricsMiddleware:
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
-            key = (scope["method"], template, status)
-            children = self._children.get(key)
-            if children is None:
-                children = self._children[key] = (
-                    self.metrics.requests.labels(key[0], template, str(status)),
-                    self.metrics.latency.labels(key[0], template),
-                )
-            children[0].inc()
-            children[1].observe(time.perf_counter() - start)
+            self.metrics.request_done(
+                scope["method"], template, status, time.perf_counter() - start
+            )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from backends.northguard.credentials import AUTH_ATTRIBUTE, READ, SECRET_ATTRIBUTE, WRITE, sign
 from metadata_service.cluster_secrets import resolve
@@ -33,6 +34,14 @@ CREDENTIAL_TTL_S = 900.0
 """The default of ``ServiceConfig.northguard_credential_ttl_s``."""
 SECRET_CACHE_S = 30.0
 _MARKER = f'"kind":"{ClusterKind.NORTHGUARD.value}"'.encode()
+
+
+def _northguard_clusters(data: dict[str, Any]) -> list[str]:
+    return [
+        name
+        for name, cluster in data.get("clusters", {}).items()
+        if cluster.get("kind") == ClusterKind.NORTHGUARD.value
+    ]
 
 
 class CredentialIssuer:
@@ -50,12 +59,35 @@ class CredentialIssuer:
         if _MARKER not in body:
             return body
         data = json.loads(body)
+        secrets = {name: await self._secret(name) for name in _northguard_clusters(data)}
+        return self._signed(data, vc, scope, secrets, body)
+
+    def add_to_now(self, vc: str, scope: str, body: bytes) -> bytes | None:
+        """``add_to`` without waiting: None when a cluster's secret must be read first."""
+        if _MARKER not in body:
+            return body
+        data = json.loads(body)
+        now = time.monotonic()
+        secrets: dict[str, bytes | None] = {}
+        for name in _northguard_clusters(data):
+            known = self._secrets.get(name)
+            if known is None or now - known[1] >= SECRET_CACHE_S:
+                return None
+            secrets[name] = known[0]
+        return self._signed(data, vc, scope, secrets, body)
+
+    def _signed(
+        self,
+        data: dict[str, Any],
+        vc: str,
+        scope: str,
+        secrets: dict[str, bytes | None],
+        body: bytes,
+    ) -> bytes:
         changed = False
-        for name, cluster in data.get("clusters", {}).items():
-            if cluster.get("kind") != ClusterKind.NORTHGUARD.value:
-                continue
-            secret = await self._secret(name)
+        for name, secret in secrets.items():
             if secret is not None:
+                cluster = data["clusters"][name]
                 cluster.setdefault("attributes", {})[AUTH_ATTRIBUTE] = self._credential(
                     name, vc, scope, secret
                 )

@@ -20,6 +20,7 @@ are bounded to ``header_bytes_max`` here, h11's by uvicorn.  uvicorn's own
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import importlib.util
 import sys
@@ -31,9 +32,15 @@ import h11
 import uvicorn
 from fastapi import FastAPI
 from uvicorn.protocols.http.h11_impl import H11Protocol
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 from metadata_service.config import ServiceConfig
+from metadata_service.hot_routes import HotRequest, HotRoutes
+from metadata_service.hot_routes import Reply as HotReply
 
 STARTUP_FAILURE = 3
 """uvicorn's exit code when the app fails to start."""
@@ -108,16 +115,27 @@ class GuardedH11Protocol(_HeadTimer, H11Protocol):
 
 class GuardedHttpToolsProtocol(_HeadTimer, HttpToolsProtocol):
     """uvicorn's httptools protocol with a connection limit, a request-head timeout and a bound
-    on the head's size (httptools has none of its own)."""
+    on the head's size (httptools has none of its own), which asks ``hot_routes`` to answer a
+    request before it starts the ASGI app for it (``metadata_service.hot_routes``).
+
+    A hot request is taken at its head only when uvicorn would start its app at once (no
+    request of the connection in progress, no 503 for concurrency, writes not paused), and
+    answered at the end of its body, or handed to the app then as uvicorn would have: its
+    request cycle, body included, is the one uvicorn built.  Its reply is written as uvicorn
+    writes one (its default headers, ``connection: close`` when not keeping alive) and ends
+    the cycle the same way, so keep-alive, pipelining and graceful shutdown are unchanged.
+    """
 
     connections_max: int = 1000
     header_timeout_s: float = 10.0
     header_bytes_max: int = 16 << 10
+    hot_routes: HotRoutes | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._head_timer: asyncio.TimerHandle | None = None
         self._in_head = True
         self._head_bytes = 0
+        self._hot: tuple[RequestResponseCycle, Any, HotRequest] | None = None
         super().connection_made(transport)
         if len(self.connections) > self.connections_max:
             transport.close()
@@ -144,10 +162,53 @@ class GuardedHttpToolsProtocol(_HeadTimer, HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._hot = None
         super().connection_lost(exc)
 
     def _in_head_now(self) -> bool:
         return self._in_head
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        hot = self.hot_routes
+        # cycle.more_body: called from the head, not for a pipelined request whose body is in.
+        if hot is not None and app is self.app and cycle.more_body and not self.flow.write_paused:
+            request = hot.begin(cycle.scope)
+            if request is not None:
+                self._hot = (cycle, app, request)
+                return  # answered at the end of the body (on_message_complete)
+        super()._start_asgi_task(cycle, app)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        taken, self._hot = self._hot, None
+        if taken is None:
+            return
+        cycle, app, request = taken
+        assert self.hot_routes is not None and cycle is self.cycle
+        body = bytes(cycle.body)
+        if self.hot_routes.finish(request, body, functools.partial(self._hot_reply, cycle)):
+            cycle.body = bytearray()
+        else:
+            super()._start_asgi_task(cycle, app)
+
+    def _hot_reply(self, cycle: RequestResponseCycle, reply: HotReply) -> None:
+        """Write ``reply`` as ``RequestResponseCycle.send`` would, and end the cycle."""
+        if cycle.disconnected or cycle.response_complete:
+            return
+        cycle.response_started = True
+        content = [STATUS_LINE[reply.status]]
+        for name, value in (*cycle.default_headers, *reply.headers):
+            content.extend((name, b": ", value, b"\r\n"))
+        if not cycle.keep_alive:
+            content.append(b"connection: close\r\n")
+        content.append(b"\r\n")
+        content.append(reply.body)
+        cycle.transport.write(b"".join(content))
+        cycle.response_complete = True
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            cycle.transport.close()
+        cycle.on_response()
 
 
 def uvicorn_config(
@@ -171,6 +232,7 @@ def uvicorn_config(
             "connections_max": config.connections_max,
             "header_timeout_s": config.header_timeout_s,
             "header_bytes_max": config.header_bytes_max,
+            "hot_routes": getattr(app.state, "hot_routes", None),
         },
     )
     bounded: dict[str, Any] = {

@@ -13,6 +13,7 @@ it could not repair.  A cache that is down costs latency, never an answer.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -55,6 +56,11 @@ class CheckpointService:
     async def commit(self, values: Mapping[CheckpointKey, int]) -> None:
         """Durable on return (MySQL); raises ``Unavailable`` when the flush failed."""
         await self.buffer.put(values)
+
+    def offer(self, values: Mapping[CheckpointKey, int]) -> asyncio.Future[None] | None:
+        """``commit`` without waiting: the future that resolves once the values are durable
+        (or fails with the flush); None when the buffer is full or stopped (use ``commit``)."""
+        return self.buffer.offer(values)
 
     async def _flush(self, batch: dict[CheckpointKey, int]) -> None:
         await self.db(self.store.upsert, batch)

@@ -319,27 +319,61 @@ class GroupCoordinator:
         positions: list[Position4],
     ) -> None:
         """Durable on return.  A member commits only shards assigned to it, at a current epoch."""
-        if member_id is None:
-            live = await self.live(vc, group, create=True)
-            if live.state.members:
-                raise Conflict(
-                    f"group {group!r} has {len(live.state.members)} members: commit as a member "
-                    "(member_id, member_epoch), or stop them first"
-                )
-        else:
-            live = await self.live(vc, group)
-            member = self._member(live.state, member_id, member_epoch)
-            assigned = set(member.assigned)
-            for topic, _epoch, shard, _offset in positions:
-                if (topic, shard) not in assigned:
-                    raise Fenced(
-                        f"shard {shard} of {topic!r} is not assigned to member {member_id!r} "
-                        f"of group {group!r} (it moved); its position was not committed"
-                    )
+        live = await self.live(vc, group, create=member_id is None)
+        self._check_commit(live, member_id, member_epoch, positions)
         await self.offsets.check_positions(vc, positions)
         await self.checkpoints.commit(
             {(vc, group, t, e, s): offset for t, e, s, offset in positions}
         )
+
+    def commit_now(
+        self,
+        vc: str,
+        group: str,
+        member_id: str | None,
+        member_epoch: int,
+        positions: list[Position4],
+    ) -> asyncio.Future[None] | None:
+        """``commit`` without waiting, when every check passes on what this instance holds (the
+        group coordinated here, its topics' metadata and ends known) and the buffer has room:
+        the future of the flush that makes it durable.  None otherwise, without a side effect:
+        ``commit`` then answers, its errors included."""
+        live = self._groups.get((vc, group))
+        if live is None or not self.directory.connected():
+            return None
+        try:
+            self._check_commit(live, member_id, member_epoch, positions)
+        except XinfraError:
+            return None
+        if not self.offsets.known_valid(vc, positions):
+            return None
+        return self.checkpoints.offer(
+            {(vc, group, t, e, s): offset for t, e, s, offset in positions}
+        )
+
+    def _check_commit(
+        self,
+        live: LiveGroup,
+        member_id: str | None,
+        member_epoch: int,
+        positions: list[Position4],
+    ) -> None:
+        state = live.state
+        if member_id is None:
+            if state.members:
+                raise Conflict(
+                    f"group {state.group!r} has {len(state.members)} members: commit as a member "
+                    "(member_id, member_epoch), or stop them first"
+                )
+            return
+        member = self._member(state, member_id, member_epoch)
+        assigned = set(member.assigned)
+        for topic, _epoch, shard, _offset in positions:
+            if (topic, shard) not in assigned:
+                raise Fenced(
+                    f"shard {shard} of {topic!r} is not assigned to member {member_id!r} "
+                    f"of group {state.group!r} (it moved); its position was not committed"
+                )
 
     # -- administration --------------------------------------------------------------------
 

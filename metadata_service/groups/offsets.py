@@ -106,6 +106,21 @@ class Offsets:
             f"(it has {[e.number for e in metadata.epochs]})"
         )
 
+    def known_valid(self, vc: str, positions: Sequence[tuple[str, int, int, int]]) -> bool:
+        """Whether ``check_positions`` passes on what is known here, without a store read or a
+        backend call: every topic's metadata is held, each position names a shard of one of
+        its epochs and is 0 or at most a known end.  False means ask ``check_positions``."""
+        for topic, number, shard, offset in positions:
+            metadata = self._metadata.get((vc, topic))
+            if metadata is None:
+                return False
+            epoch = next((e for e in metadata.epochs if e.number == number), None)
+            if epoch is None or shard >= len(epoch.shards):
+                return False
+            if offset != 0 and offset > self._ends.get((vc, topic, number), {}).get(shard, -1):
+                return False
+        return True
+
     async def check_positions(
         self, vc: str, positions: Sequence[tuple[str, int, int, int]]
     ) -> None:

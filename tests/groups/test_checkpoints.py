@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 from groups_harness import wait_until
 
+from metadata_service.checkpoints.buffer import CoalescingBuffer
 from metadata_service.checkpoints.cache import CheckpointCache, MemoryCache, RedisCache
 from metadata_service.checkpoints.service import CheckpointService
 from metadata_service.checkpoints.store import CheckpointStore
@@ -215,3 +216,34 @@ def test_the_embedded_store_upserts_too(tmp_path: Path) -> None:
     assert store.read_group(VC, "g") == {("t", 0, 0): 5, ("t", 0, 1): 2}
     assert store.list_groups(VC) == ["g"]
     assert store.delete_group(VC, "g", "t") == 2
+
+
+async def test_offer_never_waits_and_declines_when_the_buffer_is_full_or_stopped() -> None:
+    """``offer`` (the hot commit route's) joins the next flush or says no; ``put`` waits."""
+    release = asyncio.Event()
+    flushed: list[dict[str, int]] = []
+
+    async def flush(batch: dict[str, int]) -> None:
+        await release.wait()
+        flushed.append(batch)
+
+    buffer: CoalescingBuffer[str] = CoalescingBuffer(flush, interval_s=0.001, keys_max=2)
+    assert buffer.offer({"a": 1}) is None, "offered to a buffer that is not running"
+    buffer.start()
+    first = buffer.offer({"a": 1})
+    second = buffer.offer({"b": 2})
+    assert first is not None and second is first, "two commits of one batch share its flush"
+    assert buffer.offer({"c": 3}) is None, "two keys wait already: no room for a third"
+    waiting = asyncio.create_task(buffer.put({"c": 3}))
+
+    async def flying() -> bool:
+        return buffer.in_flight >= 1
+
+    await wait_until(flying, what="the first batch to fly")
+    assert not first.done() and not waiting.done()
+    release.set()
+    await first
+    await waiting
+    assert flushed[0] == {"a": 1, "b": 2} and {"c": 3} in flushed
+    await buffer.stop()
+    assert buffer.offer({"d": 4}) is None, "offered to a stopped buffer"

@@ -1,0 +1,198 @@
+"""The two requests clients send most, answered from the HTTP protocol without the ASGI stack.
+
+Every client reads topic metadata (``GET /v1/vclusters/{vc}/topics/{topic}/metadata``)
+and every consumer commits positions (``POST /v1/vclusters/{vc}/groups/{group}/commit``)
+every few seconds.  Through ASGI each such request pays for a task, uvicorn's
+request cycle and six middleware layers (FastAPI's, Starlette's, the proxy
+headers', ours) before it reaches a cache or the checkpoint buffer: ~100 us
+of CPU for a commit whose own work (token check, validation, buffer) is
+~20 us.  ``metadata_service.server``'s httptools protocol asks ``HotRoutes``
+first, and answers here only what needs no waiting except for the flush:
+
+* ``begin`` (request head complete): the path is one of the two, without a
+  query string, with valid names; the bearer token is known without a store
+  read (``TokenService.authenticate_cached``) and may read the virtual
+  cluster; a commit declares a Content-Length of at most ``body_bytes_max``.
+  So no body is buffered here for a caller without a token (the gate's promise).
+* ``finish`` (body complete): a read is a cache hit (``metadata_body_now``);
+  a commit's body passes the router's ``CommitIn``, and its checks pass on
+  what this instance holds (``GroupCoordinator.commit_now``): it joins the
+  coalescing buffer and is answered 204 when the flush that holds it is
+  durable in MySQL, or with the problem+json of the flush's error.
+
+Anything else, at either step, goes on through ASGI unchanged (the fast path
+middleware, the gate, the routers), which answers it, errors included: every
+check here is one the ASGI route makes too, so a request is never refused
+here that the routers would take, nor taken that they would refuse.  The
+request counter and latency histogram are kept as ``MetricsMiddleware``
+keeps them, by route template.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from metadata_service.auth import Principal, TokenService
+from metadata_service.groups import Groups
+from metadata_service.groups.schemas import CommitIn
+from metadata_service.metrics import ServiceMetrics
+from metadata_service.problems import error_response, problem
+from metadata_service.topics import TopicService
+from xinfra.errors import Unavailable, XinfraError
+from xinfra.model import NAME_PATTERN
+
+log = logging.getLogger(__name__)
+
+BODY_BYTES_MAX = 64 << 10
+"""The largest commit body answered here (a commit of ~1000 positions); larger ones go through
+ASGI, whose bound is ``request_bytes_max``."""
+
+READ_TEMPLATE = "/v1/vclusters/{vc}/topics/{topic}/metadata"
+COMMIT_TEMPLATE = "/v1/vclusters/{vc}/groups/{group}/commit"
+_READ_PATH = re.compile(r"^/v1/vclusters/([^/]+)/topics/([^/]+)/metadata$")
+_COMMIT_PATH = re.compile(r"^/v1/vclusters/([^/]+)/groups/([^/]+)/commit$")
+_NAME = re.compile(NAME_PATTERN)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+
+Respond = Callable[[Reply], None]
+
+
+@dataclass(frozen=True, slots=True)
+class HotRequest:
+    commit: bool
+    vc: str
+    name: str
+    path: str
+    principal: Principal
+    start: float
+
+
+class HotRoutes:
+    """Event-loop only (the protocol calls it from its callbacks)."""
+
+    def __init__(
+        self,
+        topics: TopicService,
+        tokens: TokenService,
+        groups: Groups,
+        metrics: ServiceMetrics,
+        body_bytes_max: int = BODY_BYTES_MAX,
+    ) -> None:
+        self.topics = topics
+        self.tokens = tokens
+        self.groups = groups
+        self.metrics = metrics
+        self.body_bytes_max = body_bytes_max
+
+    def begin(self, scope: Any) -> HotRequest | None:
+        """A request this may answer, from its head (``scope`` as uvicorn built it); None: ASGI."""
+        if scope["query_string"]:
+            return None
+        method, path = scope["method"], scope["path"]
+        if method == "GET":
+            match, commit = _READ_PATH.match(path), False
+        elif method == "POST":
+            match, commit = _COMMIT_PATH.match(path), True
+        else:
+            return None
+        if match is None or not (_NAME.match(match[1]) and _NAME.match(match[2])):
+            return None
+        authorization = None
+        declared = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+            elif name == b"content-length":
+                declared = value
+        if commit and not (declared.isdigit() and int(declared) <= self.body_bytes_max):
+            return None
+        principal = self.tokens.authenticate_cached(authorization)
+        if principal is None or not principal.can_read(match[1]):
+            return None
+        return HotRequest(commit, match[1], match[2], path, principal, time.perf_counter())
+
+    def finish(self, request: HotRequest, body: bytes, respond: Respond) -> bool:
+        """Answer ``request`` through ``respond`` (now or once durable); False: ASGI answers."""
+        if request.commit:
+            return self._commit(request, body, respond)
+        answer = self.topics.metadata_body_now(request.vc, request.name)
+        if answer is None:
+            return False
+        version, document = answer
+        reply = Reply(
+            200,
+            [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(document)).encode()),
+                (b"etag", f'"{version}"'.encode()),
+            ],
+            document,
+        )
+        self._done(request, READ_TEMPLATE, "GET", reply)
+        respond(reply)
+        return True
+
+    def _commit(self, request: HotRequest, body: bytes, respond: Respond) -> bool:
+        try:
+            commit = CommitIn.model_validate_json(body)
+        except ValidationError:
+            return False  # the router's 422, described as it describes it
+        durable = self.groups.coordinator.commit_now(
+            request.vc,
+            request.name,
+            commit.member_id,
+            commit.member_epoch,
+            [(p.topic, p.epoch, p.shard, p.offset) for p in commit.positions],
+        )
+        if durable is None:
+            return False
+
+        def flushed(future: Any) -> None:
+            reply = self._flushed(future, request.path)
+            self._done(request, COMMIT_TEMPLATE, "POST", reply)
+            respond(reply)
+
+        durable.add_done_callback(flushed)
+        return True
+
+    @staticmethod
+    def _flushed(future: Any, path: str) -> Reply:
+        """204 once the flush holding the commit is durable; its error's problem+json if not."""
+        error = (
+            Unavailable("the service stopped before the commit was written")
+            if future.cancelled()
+            else future.exception()
+        )
+        if error is None:
+            return Reply(204, [], b"")
+        if isinstance(error, XinfraError):
+            response = error_response(error, path)
+        else:
+            log.error("unexpected error serving POST %s", path, exc_info=error)
+            response = problem(
+                500,
+                "internal",
+                "Internal error",
+                f"unexpected {type(error).__name__}; see the service log",
+                path,
+            )
+        return Reply(response.status_code, list(response.raw_headers), bytes(response.body))
+
+    def _done(self, request: HotRequest, template: str, method: str, reply: Reply) -> None:
+        self.metrics.request_done(
+            method, template, reply.status, time.perf_counter() - request.start
+        )

@@ -1,0 +1,318 @@
+"""The hot routes (``metadata_service.hot_routes``): a cached topic-metadata read and a commit
+are answered from the HTTP protocol without the ASGI app, the same bytes the app answers, a
+commit only once durable in MySQL, and everything else still through the app.
+
+A live service under uvicorn with ``metadata_service.server``'s settings, its ASGI app
+wrapped to count the requests it sees, reached over raw sockets.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+import uvicorn
+from ms_harness import ADMIN_TOKEN
+from ms_memory_backend import memory_cluster
+from sqlalchemy.exc import OperationalError
+
+from metadata_service import ServiceConfig, create_app
+from metadata_service.server import uvicorn_config
+from xinfra.services.ports import free_port
+
+VC = "default"
+TIMEOUT_S = 30.0
+
+
+class CountingApp:
+    """The ASGI app, counting the HTTP requests that reach it."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.requests: list[tuple[str, str]] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            self.requests.append((scope["method"], scope["path"]))
+        await self.app(scope, receive, send)
+
+
+@dataclass
+class Live:
+    url: str
+    port: int
+    app: Any
+    counting: CountingApp
+
+    def connect(self) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), timeout=TIMEOUT_S)
+
+
+@contextmanager
+def live(config: ServiceConfig) -> Iterator[Live]:
+    port = free_port()
+    app = create_app(config)
+    uv = uvicorn_config(app, "127.0.0.1", port, http="httptools", log_level="warning")
+    counting = CountingApp(app)
+    uv.app = counting
+    server = uvicorn.Server(uv)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + TIMEOUT_S
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.02)
+    try:
+        yield Live(f"http://127.0.0.1:{port}", port, app, counting)
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[bytes, bytes]
+    body: bytes
+
+
+def read_response(sock: socket.socket) -> Response:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before a whole head: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        headers[name.strip().lower()] = value.strip()
+    length = int(headers.get(b"content-length", b"0"))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "closed inside a body"
+        body += chunk
+    return Response(int(lines[0].split()[1]), headers, body)
+
+
+def request(
+    sock: socket.socket,
+    method: str,
+    path: str,
+    token: str,
+    body: bytes | None = None,
+    extra: str = "",
+) -> Response:
+    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n{extra}"
+    if body is not None:
+        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    sock.sendall(head.encode() + b"\r\n" + (body or b""))
+    return read_response(sock)
+
+
+def commit_body(topic: str, shard: int, offset: int = 0) -> bytes:
+    return json.dumps(
+        {"positions": [{"topic": topic, "epoch": 0, "shard": shard, "offset": offset}]}
+    ).encode()
+
+
+def without_date(response: Response) -> tuple[int, dict[bytes, bytes], bytes]:
+    return (
+        response.status,
+        {k: v for k, v in response.headers.items() if k != b"date"},
+        response.body,
+    )
+
+
+@pytest.fixture
+def served(make_config: Callable[..., ServiceConfig]) -> Iterator[tuple[Live, str, str]]:
+    """A live service with a topic of 4 shards; (live, topic, a client token of ``VC``)."""
+    with live(make_config()) as service:
+        address = f"memory-{uuid.uuid4().hex[:8]}:9092"
+        memory_cluster(address)
+        topic = f"t-{uuid.uuid4().hex[:6]}"
+        with httpx.Client(
+            base_url=service.url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30
+        ) as admin:
+            admin.post(
+                "/v1/clusters", json={"name": "k1", "kind": "kafka", "bootstrap": address}
+            ).raise_for_status()
+            admin.post(
+                f"/v1/vclusters/{VC}/topics", json={"name": topic, "cluster": "k1", "shards": 4}
+            ).raise_for_status()
+            created = admin.post(
+                "/v1/tokens",
+                json={"name": f"c-{uuid.uuid4().hex[:6]}", "role": "client", "scope": VC},
+            )
+            created.raise_for_status()
+        yield service, topic, created.json()["token"]
+
+
+def checkpoint_rows(service: Live, group: str) -> list[tuple[str, int, int, int]]:
+    engine = service.app.state.services.runtime.store.engine
+    with engine.connect() as c:
+        result = c.execute(
+            sa.text(
+                "SELECT topic, epoch, shard, position FROM checkpoints "
+                "WHERE virtual_cluster = :vc AND group_name = :g ORDER BY shard"
+            ),
+            {"vc": VC, "g": group},
+        )
+        return [tuple(r) for r in result]  # type: ignore[misc]
+
+
+def test_a_cached_read_is_answered_without_the_app_with_the_apps_bytes(
+    served: tuple[Live, str, str],
+) -> None:
+    service, topic, token = served
+    path = f"/v1/vclusters/{VC}/topics/{topic}/metadata"
+    with service.connect() as sock:
+        seen = len(service.counting.requests)
+        first = request(sock, "GET", path, token)  # a cache miss: the app reads the store
+        assert len(service.counting.requests) == seen + 1
+        second = request(sock, "GET", path, token)  # a hit, on the same connection
+        third = request(sock, "GET", path, token)
+        assert len(service.counting.requests) == seen + 1, "a cached read reached the app"
+    assert first.status == 200 and first.headers[b"etag"] == b'"1"'
+    assert without_date(second) == without_date(first)
+    assert without_date(third) == without_date(first)
+    assert json.loads(second.body)["topic"]["name"] == topic
+
+
+def test_a_commit_is_answered_without_the_app_once_durable(
+    served: tuple[Live, str, str],
+) -> None:
+    service, topic, token = served
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    path = f"/v1/vclusters/{VC}/groups/{group}/commit"
+    with service.connect() as sock:
+        seen = len(service.counting.requests)
+        claimed = request(sock, "POST", path, token, commit_body(topic, 0))  # claims the group
+        assert claimed.status == 204
+        assert len(service.counting.requests) == seen + 1
+        answer = request(sock, "POST", path, token, commit_body(topic, 1))
+        assert answer.status == 204 and answer.body == b""
+        assert len(service.counting.requests) == seen + 1, "a commit reached the app"
+        # Durable when acknowledged: MySQL has it now.
+        assert checkpoint_rows(service, group) == [(topic, 0, 0, 0), (topic, 0, 1, 0)]
+
+        # Acknowledged only after the flush that holds it: block the flush on a row lock.
+        engine = service.app.state.services.runtime.store.engine
+        with engine.connect() as blocker:
+            transaction = blocker.begin()
+            blocker.execute(
+                sa.text("SELECT * FROM checkpoints WHERE group_name = :g FOR UPDATE"),
+                {"g": group},
+            )
+            head = (
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                f"Content-Length: {len(commit_body(topic, 1))}\r\n\r\n"
+            )
+            sock.sendall(head.encode() + commit_body(topic, 1))
+            buffer = service.app.state.groups.checkpoints.buffer
+            deadline = time.monotonic() + TIMEOUT_S
+            while buffer.in_flight == 0:  # the flight has taken the commit and waits on MySQL
+                assert time.monotonic() < deadline, "the commit never reached a flush"
+                time.sleep(0.01)
+            sock.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                sock.recv(1)  # nothing answered while the upsert waits for the lock
+            sock.setblocking(True)
+            transaction.rollback()
+        assert read_response(sock).status == 204
+        assert len(service.counting.requests) == seen + 1
+
+
+def test_what_the_hot_routes_cannot_answer_goes_to_the_app(
+    served: tuple[Live, str, str],
+) -> None:
+    service, topic, token = served
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    commit = f"/v1/vclusters/{VC}/groups/{group}/commit"
+    read = f"/v1/vclusters/{VC}/topics/{topic}/metadata"
+    with service.connect() as sock:
+        assert request(sock, "POST", commit, token, commit_body(topic, 0)).status == 204
+        assert request(sock, "GET", read, token).status == 200
+        seen = len(service.counting.requests)
+        bad = request(sock, "POST", commit, token, commit_body(topic, 0, offset=-1))
+        assert bad.status == 422 and bad.headers[b"content-type"] == b"application/problem+json"
+        assert json.loads(bad.body)["code"] == "invalid_request"
+        out_of_range = request(sock, "POST", commit, token, commit_body(topic, 9))
+        assert out_of_range.status == 400, out_of_range.body
+        assert json.loads(out_of_range.body)["code"] == "shard_out_of_range"
+        missing = request(sock, "GET", f"/v1/vclusters/{VC}/topics/nope/metadata", token)
+        assert missing.status == 404 and json.loads(missing.body)["code"] == "topic_not_found"
+        polled = request(sock, "GET", read + "?after_version=0", token)
+        assert polled.status == 200
+        assert len(service.counting.requests) == seen + 4
+    with service.connect() as sock:
+        refused = request(sock, "POST", commit, "xt_unknown", commit_body(topic, 0))
+        assert refused.status == 401 and refused.headers[b"connection"] == b"close"
+        assert sock.recv(1) == b""  # refused unread, connection closed: the gate's answer
+    with service.connect() as sock:
+        other = request(sock, "GET", read.replace(f"/{VC}/", "/other/"), token)
+        assert other.status in (403, 404)  # out of the token's scope: the app's answer
+
+
+def test_a_failed_flush_is_the_commits_problem(
+    served: tuple[Live, str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service, topic, token = served
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    path = f"/v1/vclusters/{VC}/groups/{group}/commit"
+    store = service.app.state.groups.checkpoints.store
+    with service.connect() as sock:
+        assert request(sock, "POST", path, token, commit_body(topic, 0)).status == 204
+        seen = len(service.counting.requests)
+
+        def down(_rows: Any) -> None:
+            raise OperationalError("INSERT", {}, Exception("MySQL is down"))
+
+        monkeypatch.setattr(store, "upsert", down)
+        failed = request(sock, "POST", path, token, commit_body(topic, 1))
+        assert len(service.counting.requests) == seen, "the failed commit went through the app"
+        assert failed.status == 503
+        assert failed.headers[b"content-type"] == b"application/problem+json"
+        assert failed.headers[b"retry-after"] == b"1"
+        problem = json.loads(failed.body)
+        assert problem["code"] == "unavailable" and problem["instance"] == path
+        assert "MySQL is down" in problem["detail"]
+        monkeypatch.undo()
+        assert request(sock, "POST", path, token, commit_body(topic, 1)).status == 204
+    assert checkpoint_rows(service, group) == [(topic, 0, 0, 0), (topic, 0, 1, 0)]
+
+
+def test_hot_answers_are_counted_and_honour_connection_close(
+    served: tuple[Live, str, str],
+) -> None:
+    service, topic, token = served
+    read = f"/v1/vclusters/{VC}/topics/{topic}/metadata"
+    with service.connect() as sock:
+        request(sock, "GET", read, token)
+    seen = len(service.counting.requests)
+    with service.connect() as sock:
+        closing = request(sock, "GET", read, token, extra="Connection: close\r\n")
+        assert closing.status == 200 and closing.headers[b"connection"] == b"close"
+        assert sock.recv(1) == b""
+    assert len(service.counting.requests) == seen
+    metrics = httpx.get(f"{service.url}/metrics").text
+    template = "/v1/vclusters/{vc}/topics/{topic}/metadata"
+    counted = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("xinfra_metadata_http_requests_total{")
+        and f'route="{template}"' in line
+        and 'status="200"' in line
+    ]
+    assert counted and float(counted[0].split()[-1]) >= 2
