@@ -13,8 +13,10 @@ set leaves the dead broker out.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,6 @@ from ng_harness import WAIT_S, backend_for, read_until
 from backends.northguard.client.blocking import request_blocking
 from backends.northguard.launcher import NorthguardProcess, start_northguard_cluster
 from xinfra.backend import ProducerOptions
-from xinfra.errors import XinfraError
 from xinfra.keyspace import shard_ranges
 from xinfra.model import Record
 
@@ -132,20 +133,23 @@ async def test_three_replicas_every_record_readable_and_sealed_replicas_identica
     assert status["under_replicated"] == []
 
 
-@pytest.mark.slow
-async def test_sigkill_of_a_follower_under_keyed_produce(
-    four_brokers: list[NorthguardProcess],
-) -> None:
-    """Every acknowledged record is read back once, in order; the producer moves on to a new
-    segment without the dead broker; the sealed segment's survivors are byte-identical."""
-    coordinator = four_brokers[0]
+async def keyed_produce_through(
+    processes: list[NorthguardProcess],
+    topic: str,
+    fault: Callable[[NorthguardProcess], None],
+    recover: Callable[[NorthguardProcess], None] | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """Keyed produce at a steady pace; ``fault`` hits a follower of the active segment once 300
+    records are acknowledged; 300 more must be acknowledged after it.  Checks every acknowledged
+    record is read back once, in send order, and no send failed.  Returns the victim's id and the
+    segment it was a follower of, as sealed."""
+    coordinator = processes[0]
     backend = backend_for(coordinator.url, request_timeout_s="60")
-    await backend.create_topic("kill", shard_ranges(1))
-    producer = backend.producer("kill", ProducerOptions(linger_ms=2, request_timeout_s=60))
+    await backend.create_topic(topic, shard_ranges(1))
+    producer = backend.producer(topic, ProducerOptions(linger_ms=2, request_timeout_s=60))
     acknowledged: list[tuple[int, bytes]] = []
-    failures: list[XinfraError] = []
+    failures: list[BaseException] = []
     stop = asyncio.Event()
-    killed_at = 0
 
     async def produce() -> None:
         number = 0
@@ -156,8 +160,9 @@ async def test_sigkill_of_a_follower_under_keyed_produce(
             future = producer.send(0, [Record(key=b"k", value=v) for v in values])
 
             def settle(done: asyncio.Future[list[int]], values: list[bytes] = values) -> None:
-                if done.exception() is not None:
-                    failures.append(done.exception())  # type: ignore[arg-type]
+                error = done.exception()
+                if error is not None:
+                    failures.append(error)
                     return
                 acknowledged.extend(zip(done.result(), values, strict=True))
 
@@ -171,23 +176,27 @@ async def test_sigkill_of_a_follower_under_keyed_produce(
             await asyncio.wait(in_flight, timeout=WAIT_S)
 
     task = asyncio.create_task(produce())
+    victim: NorthguardProcess | None = None
     try:
-        await _wait(lambda: len(acknowledged) >= 300, "acknowledgements before the kill")
-        active = request(coordinator, "segment_metadata", name="kill", range_id=1)["segments"][-1]
+        await _wait(lambda: len(acknowledged) >= 300, "acknowledgements before the fault")
+        meta = request(coordinator, "segment_metadata", name=topic, range_id=1)
+        active = meta["segments"][-1]
         victim_id = next(b for b in active["replicas"] if b != "1")
-        victim = next(p for p in four_brokers if p.name.endswith(f" {victim_id}"))
-        victim.kill()
-        killed_at = len(acknowledged)
+        victim = next(p for p in processes if p.name.endswith(f" {victim_id}"))
+        fault(victim)
+        hit_at = len(acknowledged)
         await _wait(
-            lambda: len(acknowledged) >= killed_at + 300, "acknowledgements after the kill", 60
+            lambda: len(acknowledged) >= hit_at + 300, "acknowledgements after the fault", 60
         )
     finally:
         stop.set()
         await task
+        if victim is not None and recover is not None:
+            recover(victim)
     assert failures == []
     await producer.close()
 
-    reader = backend.reader("kill")
+    reader = backend.reader(topic)
     reader.assign({0: 0})
     end = max(offset for offset, _ in acknowledged) + 1
     got = await read_until(reader, end, timeout_s=60)
@@ -201,19 +210,46 @@ async def test_sigkill_of_a_follower_under_keyed_produce(
     assert len(values) == len(set(values)), "a record was stored twice"
     numbers = [int(value.split(b":")[1]) for value in values]
     assert numbers == sorted(numbers), "records out of send order"
-
-    segments = request(coordinator, "segment_metadata", name="kill", range_id=1)["segments"]
-    sealed = [s for s in segments if s["state"] == "sealed"]
-    hit = next(s for s in sealed if s["segment_id"] == active["segment_id"])
-    assert victim_id not in hit["replicas"] and len(hit["replicas"]) == 2
-    live = [p for p in four_brokers if p is not victim]
-    assert len(set(checksums(live, hit).values())) == 1
+    segments = request(coordinator, "segment_metadata", name=topic, range_id=1)["segments"]
+    hit = next(s for s in segments if s["segment_id"] == active["segment_id"])
+    assert hit["state"] == "sealed"
     after = [s for s in segments if s["start_offset"] >= hit["end_offset"]]
     assert after and all(victim_id not in s["replicas"] for s in after)
     assert all(len(s["replicas"]) == 3 for s in after)
-    status = request(coordinator, "cluster_status")
+    return victim_id, hit
+
+
+@pytest.mark.slow
+async def test_sigkill_of_a_follower_under_keyed_produce(
+    four_brokers: list[NorthguardProcess],
+) -> None:
+    """The producer moves on to a new segment without the dead broker; the sealed segment keeps
+    two byte-identical replicas and is listed under-replicated."""
+    victim_id, hit = await keyed_produce_through(four_brokers, "kill", lambda p: p.kill())
+    assert victim_id not in hit["replicas"] and len(hit["replicas"]) == 2
+    live = [p for p in four_brokers if p.name.rsplit(" ", 1)[-1] != victim_id]
+    assert len(set(checksums(live, hit).values())) == 1
+    status = request(four_brokers[0], "cluster_status")
     assert hit["segment_id"] in status["under_replicated"]
     assert {r["broker_id"]: r["live"] for r in status["brokers"]}[victim_id] is False
+
+
+@pytest.mark.slow
+async def test_sigstop_of_a_follower_past_its_timeout(
+    four_brokers: list[NorthguardProcess],
+) -> None:
+    """A stopped follower keeps its socket open: the replica timeout (2 s here) finds it, and the
+    segment is sealed on the two others.  Producers resume within about two replica timeouts
+    (the unanswered appends, then the unanswered fence); sends wait, none fails."""
+    victim_id, hit = await keyed_produce_through(
+        four_brokers,
+        "stop",
+        lambda p: os.kill(p.pid, signal.SIGSTOP),
+        lambda p: os.kill(p.pid, signal.SIGCONT),
+    )
+    assert victim_id not in hit["replicas"] and len(hit["replicas"]) == 2
+    live = [p for p in four_brokers if p.name.rsplit(" ", 1)[-1] != victim_id]
+    assert len(set(checksums(live, hit).values())) == 1
 
 
 async def _wait(condition: Any, what: str, timeout_s: float = WAIT_S) -> None:
