@@ -13,6 +13,7 @@ set leaves the dead broker out.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -22,7 +23,9 @@ from typing import Any
 
 import pytest
 from ng_harness import WAIT_S, backend_for, read_until
+from typer.testing import CliRunner
 
+from backends.northguard import cli
 from backends.northguard.client.blocking import request_blocking
 from backends.northguard.launcher import NorthguardProcess, start_northguard_cluster
 from xinfra.backend import ProducerOptions
@@ -223,15 +226,25 @@ async def keyed_produce_through(
 async def test_sigkill_of_a_follower_under_keyed_produce(
     four_brokers: list[NorthguardProcess],
 ) -> None:
-    """The producer moves on to a new segment without the dead broker; the sealed segment keeps
-    two byte-identical replicas and is listed under-replicated."""
+    """The producer moves on to a new segment without the dead broker; the sealed segment is
+    sealed on two byte-identical replicas, then re-replicated from the coordinator's replica
+    over the consume protocol to the fourth broker: three identical replicas again."""
     victim_id, hit = await keyed_produce_through(four_brokers, "kill", lambda p: p.kill())
-    assert victim_id not in hit["replicas"] and len(hit["replicas"]) == 2
-    live = [p for p in four_brokers if p.name.rsplit(" ", 1)[-1] != victim_id]
-    assert len(set(checksums(live, hit).values())) == 1
-    status = request(four_brokers[0], "cluster_status")
-    assert hit["segment_id"] in status["under_replicated"]
+    assert victim_id not in hit["replicas"]
+    coordinator = four_brokers[0]
+    status = request(coordinator, "cluster_status")
     assert {r["broker_id"]: r["live"] for r in status["brokers"]}[victim_id] is False
+
+    def healed() -> bool:
+        return request(coordinator, "cluster_status")["under_replicated"] == []
+
+    wait_until(healed, "re-replication of the under-replicated segments", 60)
+    segments = request(coordinator, "segment_metadata", name="kill", range_id=1)["segments"]
+    now = next(s for s in segments if s["segment_id"] == hit["segment_id"])
+    assert len(now["replicas"]) == 3 and victim_id not in now["replicas"]
+    assert now["replicas"][:2] == hit["replicas"]  # the survivors, then the new copy
+    live = [p for p in four_brokers if p.name.rsplit(" ", 1)[-1] != victim_id]
+    assert len(set(checksums(live, now).values())) == 1
 
 
 @pytest.mark.slow
@@ -257,3 +270,33 @@ async def _wait(condition: Any, what: str, timeout_s: float = WAIT_S) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.02)
+
+
+async def test_status_command_shows_brokers_replica_sets_and_load(
+    three_brokers: list[NorthguardProcess],
+) -> None:
+    """``xinfra northguard status``: text and ``--json``, through any bootstrap address (a dead
+    one first is skipped)."""
+    backend = backend_for(three_brokers[0].url)
+    try:
+        await backend.create_topic("shown", shard_ranges(1))
+        producer = backend.producer("shown", ProducerOptions(linger_ms=0))
+        await producer.send(0, [Record(value=b"x" * 100) for _ in range(10)])
+    finally:
+        await backend.close()
+    bootstrap = ",".join(["127.0.0.1:1", three_brokers[2].url])
+    runner = CliRunner()
+    result = runner.invoke(cli.app, ["status", "--bootstrap", bootstrap, "--json"])
+    assert result.exit_code == 0, result.output
+    status = json.loads(result.output)
+    [segment] = [s for s in status["segments"] if s["topic"] == "shown"]
+    assert sorted(segment["replicas"]) == ["1", "2", "3"] and segment["state"] == "active"
+    rows = {row["broker_id"]: row for row in status["brokers"]}
+    assert all(rows[b]["active_segments"] == 1 for b in ("1", "2", "3"))
+    text = runner.invoke(cli.app, ["status", "--bootstrap", bootstrap])
+    assert text.exit_code == 0, text.output
+    assert "coordinator: broker 1" in text.output
+    assert "attrs=rack=r2" in text.output
+    assert "replicas=1," in text.output and "under-replicated: 0" in text.output
+    down = runner.invoke(cli.app, ["status", "--bootstrap", "127.0.0.1:1"])
+    assert down.exit_code == 4 and "backend_unavailable" in down.output

@@ -81,6 +81,7 @@ from backends.northguard.broker.placement import (
     DEFAULT_POLICY,
     BrokerInfo,
     StoragePolicy,
+    choose_additional_replica,
     choose_replicas,
     with_replication_factor,
 )
@@ -114,6 +115,10 @@ log = logging.getLogger(__name__)
 TIMESTAMP_SCAN_BYTES = 4 << 20
 """Bytes read per store call when scanning for a timestamp (a cold path)."""
 REPLICATION_FACTOR_MAX = 16
+HEALING_MAX = 4
+"""Sealed segments re-replicated at once (each a consume stream and a copy on one broker)."""
+COPY_TIMEOUT_S = 600.0
+"""Bound of one ``replica_copy`` request (a whole segment, up to ``segment_bytes_max``)."""
 PLACEMENT_ATTEMPTS = 3
 """Replica sets tried for one new segment before its appends fail (each failed follower is
 suspected, so the next attempt leaves it out)."""
@@ -182,6 +187,8 @@ class Coordinator:
         self.replicas = ReplicaHost(store)
         self.forward: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._healing: set[str] = set()  # segment ids being re-replicated
+        self.healed = 0  # replicas added by re-replication since start
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -707,6 +714,11 @@ class Coordinator:
         return topic
 
     @property
+    def store(self) -> SegmentStore:
+        """This broker's segment store (its replicas, led or followed)."""
+        return self._store
+
+    @property
     def store_failure(self) -> StorageError | None:
         """The store's disk error while it refuses writes (produce streams are refused then)."""
         return self._store.failure
@@ -960,8 +972,91 @@ class Coordinator:
             except Exception:
                 log.exception("maintenance failed; retrying at the next tick")
 
+    def heal(self) -> None:
+        """Start re-replicating under-replicated sealed segments (at most ``HEALING_MAX`` at
+        once; each in a task of its own, so a slow copy never holds maintenance)."""
+        if self.peers is None or len(self._healing) >= HEALING_MAX:
+            return
+        live = self.membership.live()
+        load: dict[str, tuple[int, ...]] | None = None
+        for segment in list(self.state.segments.values()):
+            if segment.state is not State.SEALED or segment.segment_id in self._healing:
+                continue
+            if self._me.broker_id not in segment.replicas:
+                continue  # the source is this broker's replica (the leader of every segment)
+            topic = self.state.topics[self.state.ranges[segment.range_id].topic]
+            policy = self._policy(topic)
+            if len(segment.replicas) >= sum(c.count for c in policy.constraints):
+                continue
+            load = load or self._load()
+            current = [BrokerInfo(b, self._attributes_of(b)) for b in segment.replicas]
+            try:
+                target = choose_additional_replica(policy, live, load, current)
+            except XinfraError:
+                continue  # no broker can take it now; the next tick looks again
+            self._healing.add(segment.segment_id)
+            task = asyncio.create_task(self._heal_one(segment.segment_id, target))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            if len(self._healing) >= HEALING_MAX:
+                return
+
+    def _attributes_of(self, broker_id: str) -> dict[str, str]:
+        if broker_id == self._me.broker_id:
+            return dict(self._me.attributes)
+        member = self.membership.members.get(broker_id)
+        return {} if member is None else dict(member.attributes)
+
+    async def _heal_one(self, segment_id: str, target: str) -> None:
+        """Copy one sealed segment to ``target`` over the consume protocol, check, record."""
+        peers = self.peers
+        assert peers is not None
+        try:
+            segment = self.state.segments.get(segment_id)
+            address = self.membership.address_of(target)
+            if segment is None or address is None or segment.end_offset is None:
+                return
+            meta = self.state.ranges[segment.range_id]
+            log.info("segment %s: copying to broker %s", segment_id, target)
+            await peers.request_with_timeout(
+                address,
+                "replica_copy",
+                COPY_TIMEOUT_S,
+                segment_id=segment_id,
+                topic=meta.topic,
+                range_id=meta.range_id,
+                start_offset=segment.start_offset,
+                end_offset=segment.end_offset,
+                source=self.membership.address,
+            )
+            theirs = await peers.request(address, "replica_checksum", segment_id=segment_id)
+            ours = await self.replicas.checksum(segment_id)
+            if theirs["sha256"] != ours["sha256"] or theirs["end_offset"] != ours["end_offset"]:
+                log.error("segment %s: the copy on %s differs; deleting it", segment_id, target)
+                await peers.request(address, "replica_delete", segment_id=segment_id)
+                return
+
+            def still_wanted() -> None:
+                current = self.state.segments.get(segment_id)
+                if current is None or target in current.replicas:
+                    raise NotFound(f"segment {segment_id} was deleted or already on {target}")
+
+            await self._commit(
+                {"op": "add_replica", "segment_id": segment_id, "broker_id": target},
+                still_wanted,
+            )
+            self.healed += 1
+            log.info("segment %s: re-replicated to broker %s", segment_id, target)
+        except XinfraError as error:
+            log.warning("segment %s: re-replication to %s failed: %s", segment_id, target, error)
+            self.membership.suspect(target)
+        finally:
+            self._healing.discard(segment_id)
+
     async def maintain(self) -> None:
-        """Seal segments past their age limit; delete sealed segments past their retention."""
+        """Seal segments past their age limit; delete sealed segments past their retention;
+        start re-replicating under-replicated sealed segments."""
+        self.heal()
         now_ms = self._runtime.wall_ms()
         age_ms_max = self.config.segment_age_s_max * 1000
         for range_log in list(self.logs.values()):

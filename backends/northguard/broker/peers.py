@@ -82,6 +82,13 @@ class PeerPool:
         connection = await self.connection(address)
         return await connection.request(op, self.timeout_s, **arguments)
 
+    async def request_with_timeout(
+        self, address: str, op: str, timeout_s: float, /, **arguments: Any
+    ) -> dict[str, Any]:
+        """``request`` with its own bound (a long step: a segment copy)."""
+        connection = await self.connection(address)
+        return await connection.request(op, timeout_s, **arguments)
+
     async def close(self) -> None:
         for opening in list(self._opening.values()):
             opening.cancel()

@@ -100,3 +100,36 @@ def with_replication_factor(policy: StoragePolicy, factor: int) -> StoragePolicy
     if policy.constraints == (Constraint(),):
         return StoragePolicy(policy.name, policy.retention_ms, (Constraint("*", factor),))
     return policy
+
+
+def choose_additional_replica(
+    policy: StoragePolicy,
+    brokers: Sequence[BrokerInfo],
+    load: Mapping[str, tuple[int, ...]],
+    current: Sequence[BrokerInfo],
+) -> str:
+    """One broker to add to a sealed segment's replica set ``current`` (re-replication): the
+    least loaded live broker outside it that fills the first constraint ``current`` falls short
+    of; ``Unavailable`` when none can."""
+    held = {b.broker_id for b in current}
+    used: set[str] = set()
+    for constraint in policy.constraints:
+        matching = [
+            b.broker_id
+            for b in current
+            if b.broker_id not in used and constraint.matches(b.attributes)
+        ][: constraint.count]
+        used.update(matching)
+        if len(matching) >= constraint.count:
+            continue
+        eligible = [
+            b for b in brokers if b.broker_id not in held and constraint.matches(b.attributes)
+        ]
+        if not eligible:
+            raise Unavailable(
+                f"storage policy {policy.name!r}: no live broker outside {sorted(held)} matches "
+                f"{constraint.expression!r}"
+            )
+        eligible.sort(key=lambda b: (load.get(b.broker_id, ()), b.broker_id))
+        return eligible[0].broker_id
+    raise InvalidRequest(f"replica set {sorted(held)} already satisfies policy {policy.name!r}")

@@ -17,6 +17,7 @@ from typing import Any
 
 from backends.northguard.broker.coordinator import Coordinator
 from backends.northguard.broker.fields import int_field, list_field, str_field
+from backends.northguard.broker.rereplication import copy_segment
 from backends.northguard.credentials import ADMIN, READ
 from xinfra.errors import InvalidRequest
 from xinfra.keyspace import KeyRange, shard_ranges
@@ -42,6 +43,7 @@ OPS = frozenset(
         "replica_seal",
         "replica_delete",
         "replica_checksum",
+        "replica_copy",
     }
 )
 LOCAL_OPS = frozenset(
@@ -52,6 +54,7 @@ LOCAL_OPS = frozenset(
         "replica_seal",
         "replica_delete",
         "replica_checksum",
+        "replica_copy",
     }
 )
 """Ops a member answers itself; it forwards every other one to the coordinator."""
@@ -64,6 +67,7 @@ BROKER_OPS = frozenset(
         "replica_seal",
         "replica_delete",
         "replica_checksum",
+        "replica_copy",
     }
 )
 """Ops about the whole cluster: an admin credential for every topic (a broker's own) only."""
@@ -88,6 +92,7 @@ _OPERATION_OF: dict[str, str | None] = {
     "replica_seal": ADMIN,
     "replica_delete": ADMIN,
     "replica_checksum": ADMIN,
+    "replica_copy": ADMIN,
 }
 assert _OPERATION_OF.keys() == OPS
 
@@ -145,6 +150,21 @@ async def _dispatch(coordinator: Coordinator, op: str, request: dict[str, Any]) 
             return {"end_offset": end}
         if op == "replica_checksum":
             return await replicas.checksum(segment_id)
+        if op == "replica_copy":
+            peers = coordinator.peers
+            if peers is None:
+                raise InvalidRequest("this broker is not part of a cluster")
+            await copy_segment(
+                coordinator.store,
+                await peers.connection(str_field(request, "source")),
+                segment_id,
+                str_field(request, "topic"),
+                int_field(request, "range_id"),
+                int_field(request, "start_offset"),
+                int_field(request, "end_offset"),
+                coordinator.config.replica_timeout_s,
+            )
+            return {}
         assert op == "replica_delete"
         await replicas.delete(segment_id)
         return {}

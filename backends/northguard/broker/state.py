@@ -165,6 +165,13 @@ class MetadataState:
         if "replicas" in op:  # the survivors of a replica failure: who holds the sealed segment
             segment.replicas = list(op["replicas"])
 
+    def _apply_add_replica(self, op: dict[str, Any]) -> None:
+        """Re-replication: a broker now holds a full, checked copy of a sealed segment."""
+        segment = self.segments[op["segment_id"]]
+        assert segment.state is State.SEALED, "only sealed segments are re-replicated"
+        assert op["broker_id"] not in segment.replicas
+        segment.replicas.append(op["broker_id"])
+
     def _apply_delete_segments(self, op: dict[str, Any]) -> None:
         meta = self.ranges[op["range_id"]]
         doomed = list(op["segment_ids"])
