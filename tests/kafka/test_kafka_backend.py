@@ -123,6 +123,35 @@ async def test_assign_during_a_poll_never_returns_old_shards(
     assert [(r.shard, r.offset) for r in got] == [(1, offset) for offset in ones[5:]]
 
 
+async def test_a_poll_returns_the_records_that_came_without_waiting_out_its_timeout(
+    kafka_backend: KafkaBackend, topic_name: str
+) -> None:
+    """librdkafka's ``consume(n, timeout)`` waits for n messages: fewer must not cost the timeout.
+
+    A reader that asked librdkafka for a chunk answered 10 ready records only
+    when ``timeout_s`` ran out.  The bound is far below the timeout and far
+    above a fetch from a local broker on a busy machine.
+    """
+    timeout_s, answered_s_max = 30.0, 10.0
+    await kafka_backend.create_topic(topic_name, shard_ranges(2))
+    producer = kafka_backend.producer(topic_name)
+    reader = kafka_backend.reader(topic_name)
+    reader.assign({0: 0, 1: 0})
+    try:
+        for round_, count in enumerate((10, 5, 1)):
+            offsets = await producer.send(round_ % 2, [Record(value=b"r%d" % round_)] * count)
+            started = time.monotonic()
+            got = await reader.poll(max_records=1000, timeout_s=timeout_s)
+            answered_s = time.monotonic() - started
+            assert answered_s < answered_s_max, f"{count} records answered after {answered_s:.1f} s"
+            while len(got) < count:  # a send's records may come in more than one fetch
+                got += await reader.poll(max_records=1000, timeout_s=1.0)
+            assert [(r.shard, r.offset) for r in got] == [(round_ % 2, o) for o in offsets]
+    finally:
+        await reader.close()
+        await producer.close()
+
+
 async def test_a_reader_reports_a_dead_cluster(tmp_path: Path, topic_name: str) -> None:
     broker = start_kafka(tmp_path / "kafka")
     cluster = PhysicalCluster(
