@@ -12,6 +12,8 @@ that has seen it; the instance that deletes a token forgets it at once, even
 when a lookup of it is in flight.  There is no anonymous access except /health,
 /ready and /metrics.
 
+Concurrent requests of a token that is not cached share one lookup (a known
+token whose entry expires under load costs one lookup, not one per request).
 Unknown tokens cost a database lookup each, so a peer (an IP address) may try
 ``auth_failures_burst`` of them, refilled at ``auth_failures_per_s``; past
 that its uncached tokens are refused with 429 before any lookup (a known
@@ -22,6 +24,7 @@ logged: the initial admin token goes to a 0600 file.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
@@ -103,6 +106,9 @@ class TokenService:
         self._cache: OrderedDict[str, tuple[Principal | None, float]] = OrderedDict()
         self._generation = 0
         """Bumped by every delete: a lookup that started before it must not cache what it read."""
+        self._lookups: dict[str, asyncio.Future[Principal | None]] = {}
+        """Store lookups in flight by token digest (at most one each); a delete forgets them, so
+        a request that arrives after it starts a lookup of its own."""
         from metadata_service.gate import PeerBuckets, TokenBucket
 
         self._failures = PeerBuckets(config.auth_failures_per_s, config.auth_failures_burst)
@@ -129,28 +135,49 @@ class TokenService:
             self.runtime.metrics.token_cache_hits.inc()
             principal = cached[0]
         else:
-            # Spend a failure before the lookup (concurrent floods cannot overdraw the bucket);
-            # a token that turns out to be known gives it back.
-            failures = self._failures.get(peer)
-            if not failures.take():
-                raise Backpressure(
-                    f"too many unknown tokens from {peer}; retry later "
-                    f"(at most {self.runtime.config.auth_failures_per_s:g} a second)"
-                )
-            self.runtime.metrics.token_cache_misses.inc()
-            generation = self._generation
-            row = await self.runtime.db(self.runtime.store.find_token, digest)
-            principal = Principal(row.name, row.role, row.scope) if row is not None else None
-            if principal is not None:
-                failures.give_back()
-            if generation == self._generation:
-                self._cache[digest] = (principal, now + self.runtime.config.token_cache_s)
-                self._cache.move_to_end(digest)
-                while len(self._cache) > self.runtime.config.token_cache_max:
-                    self._cache.popitem(last=False)
+            lookup = self._lookups.get(digest)
+            if lookup is not None:
+                self.runtime.metrics.token_cache_misses.inc()  # it waits for a store read
+            else:
+                lookup = asyncio.ensure_future(self._lookup(digest, peer, now))
+                self._lookups[digest] = lookup
+                lookup.add_done_callback(lambda _: self._forget_lookup(digest, lookup))
+            # Shielded: one caller giving up must not cancel the lookup the others wait for.
+            principal = await asyncio.shield(lookup)
         if principal is None:
             raise Unauthenticated("unknown or revoked token")
         return principal
+
+    async def _lookup(self, digest: str, peer: str, now: float) -> Principal | None:
+        """One store lookup of a token that is not cached, shared by every request of it that
+        arrives meanwhile: a known token whose entry expired under load costs one lookup, not
+        one per request (each of which would spend a failure of its peer's bucket)."""
+        # Spend a failure before the lookup (concurrent floods of distinct tokens cannot
+        # overdraw the bucket); a token that turns out to be known gives it back.
+        failures = self._failures.get(peer)
+        if not failures.take():
+            raise Backpressure(
+                f"too many unknown tokens from {peer}; retry later "
+                f"(at most {self.runtime.config.auth_failures_per_s:g} a second)"
+            )
+        self.runtime.metrics.token_cache_misses.inc()
+        generation = self._generation
+        row = await self.runtime.db(self.runtime.store.find_token, digest)
+        principal = Principal(row.name, row.role, row.scope) if row is not None else None
+        if principal is not None:
+            failures.give_back()
+        if generation == self._generation:
+            self._cache[digest] = (principal, now + self.runtime.config.token_cache_s)
+            self._cache.move_to_end(digest)
+            while len(self._cache) > self.runtime.config.token_cache_max:
+                self._cache.popitem(last=False)
+        return principal
+
+    def _forget_lookup(self, digest: str, lookup: asyncio.Future[Principal | None]) -> None:
+        if self._lookups.get(digest) is lookup:
+            del self._lookups[digest]
+        if not lookup.cancelled():
+            lookup.exception()  # retrieved: every waiter re-raises it, none may be left
 
     def authenticate_cached(self, authorization: str | None) -> Principal | None:
         """The principal of a bearer token known without a store lookup: the configured admin
@@ -186,6 +213,7 @@ class TokenService:
         await self.runtime.db(self.runtime.store.delete_token, name)
         self._generation += 1
         self._cache.clear()
+        self._lookups.clear()
 
     async def ensure_initial_admin(self) -> str | None:
         """First start without a configured admin token: create one and write it to the run dir.

@@ -3,6 +3,7 @@ registry bound to the principal that registered each client."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +13,7 @@ from ms_harness import Service, running
 from test_ms_api import assert_problem
 
 from metadata_service import ServiceConfig
+from xinfra.errors import Backpressure, Unauthenticated
 
 CARDS = {"name": "cards", "cluster": "k1", "shards": 2, "config": {}}
 
@@ -370,3 +372,43 @@ def json_values(service: dict[str, object]) -> str:
     import json
 
     return json.dumps(service.get("environment", {}))
+
+
+# ---- token lookups ----------------------------------------------------------------------
+
+
+async def test_a_known_tokens_expired_cache_entry_costs_one_lookup_not_a_429(
+    make_config: Callable[..., ServiceConfig],
+) -> None:
+    """Concurrent requests of a known token whose cache entry just expired share one store
+    lookup; none spends a failure of its peer's bucket, so none is refused with 429."""
+    config = make_config(token_cache_s=0.0, auth_failures_burst=5, auth_failures_per_s=0.001)
+    async with running(config) as service:
+        headers = await token(service, "busy", "client", "default")
+        tokens = service.app.state.services.tokens
+        store = service.app.state.services.runtime.store
+        lookups = 0
+        find_token = store.find_token
+
+        def counted(digest: str) -> object:
+            nonlocal lookups
+            lookups += 1
+            return find_token(digest)
+
+        store.find_token = counted
+        for _ in range(3):  # each round finds the entry expired (token_cache_s=0)
+            principals = await asyncio.gather(
+                *(tokens.authenticate(headers["Authorization"], "10.0.0.1") for _ in range(40))
+            )
+            assert {p.name for p in principals} == {"busy"}
+        assert lookups == 3, f"{lookups} store lookups for 3 rounds of 40 concurrent requests"
+        # An unknown token is still bounded per peer: the bucket of 5 runs out.
+        refused = 0
+        for i in range(8):
+            try:
+                await tokens.authenticate(f"Bearer xt_unknown_{i}", "10.0.0.2")
+            except Backpressure:
+                refused += 1
+            except Unauthenticated:
+                pass
+        assert refused == 3
