@@ -188,6 +188,8 @@ class Coordinator:
         self.forward: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._healing: set[str] = set()  # segment ids being re-replicated
+        self._unfenced: set[int] = set()  # ranges whose replicated active segment a restart left
+        self._fencing: asyncio.Task[None] | None = None
         self.healed = 0  # replicas added by re-replication since start
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -212,6 +214,15 @@ class Coordinator:
         unfinished = self._unfinished_seals()
         if unfinished:  # one journal write for all; none after a clean stop
             await self._commit_many(unfinished)
+        if self.config.cluster:
+            self._unfenced = {
+                meta.range_id
+                for meta in self.state.ranges.values()
+                if meta.segments
+                and self.state.segments[meta.segments[-1]].state is State.ACTIVE
+                and len(self.state.segments[meta.segments[-1]].replicas) > 1
+            }
+            self._spawn(self._fence_restarted())
         self._maintenance = asyncio.create_task(self._maintain_forever())
         log.info(
             "coordinator recovered %d topics, %d ranges, %d segments (range logs built on first use)",
@@ -604,6 +615,12 @@ class Coordinator:
             replicator.close()
         peers = self.peers
         committed = range_log.committed
+        if range_log.needs_fence:  # after a restart: give the members one timeout to register
+            deadline_s = self._runtime.monotonic_s() + self.config.broker_timeout_s
+            while not all(self.membership.is_live(b) for b in followers):
+                if self._runtime.monotonic_s() >= deadline_s:
+                    break
+                await self._runtime.sleep(0.05)
 
         async def fence(broker_id: str) -> int | None:
             address = self.membership.address_of(broker_id)
@@ -972,6 +989,28 @@ class Coordinator:
             except Exception:
                 log.exception("maintenance failed; retrying at the next tick")
 
+    def _spawn(self, coroutine: Any) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def _fence_restarted(self) -> None:
+        """Seal, at the smallest end among their replicas, the replicated active segments the
+        previous process left: an append or a read past the fence could see records no
+        follower has (their appends were never acknowledged).  Retried at each tick."""
+        for range_id in sorted(self._unfenced):
+            if range_id not in self.state.ranges:
+                self._unfenced.discard(range_id)
+                continue
+            try:
+                await self.logs[range_id].seal_active()
+            except XinfraError as error:
+                log.warning("range %s: fencing after the restart failed: %s", range_id, error)
+                continue
+            if not self.logs[range_id].needs_fence:
+                self._unfenced.discard(range_id)
+
     def heal(self) -> None:
         """Start re-replicating under-replicated sealed segments (at most ``HEALING_MAX`` at
         once; each in a task of its own, so a slow copy never holds maintenance)."""
@@ -1056,6 +1095,8 @@ class Coordinator:
     async def maintain(self) -> None:
         """Seal segments past their age limit; delete sealed segments past their retention;
         start re-replicating under-replicated sealed segments."""
+        if self._unfenced and (self._fencing is None or self._fencing.done()):
+            self._fencing = self._spawn(self._fence_restarted())
         self.heal()
         now_ms = self._runtime.wall_ms()
         age_ms_max = self.config.segment_age_s_max * 1000

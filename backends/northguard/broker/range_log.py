@@ -161,6 +161,10 @@ class RangeLog:
             self.active_created_ms = last.created_ms
             self._active_bytes = info.size_bytes
             self.committed = info.end_offset
+            if len(last.replicas) > 1:
+                # Replicated: what is committed is known only once the followers are fenced
+                # (their ends); until then nothing of this segment is readable.
+                self.committed = last.start_offset
         elif last is not None:
             assert last.end_offset is not None
             self.committed = last.end_offset
@@ -183,7 +187,9 @@ class RangeLog:
         self.producers: OrderedDict[int, ProducerState] = OrderedDict()
         self.producers_loaded: asyncio.Future[None] = self._loop.create_future()
         self._load_task: asyncio.Task[None] | None = None
-        if last is not None and self._store_has(last.segment_id):
+        if self.needs_fence:
+            pass  # loaded from the sealed segment once the fence cut it (``_roll``)
+        elif last is not None and self._store_has(last.segment_id):
             self._load_task = self._loop.create_task(self._load_producers(last.segment_id))
         else:
             self.producers_loaded.set_result(None)
@@ -305,9 +311,13 @@ class RangeLog:
     async def _roll(self, open_new: bool) -> None:
         try:
             await self._idle.wait()
+            previous = self.active
             segment_id = await self._roller(self, open_new or bool(self._waiting))
             self._broken = None
-            self.needs_fence = False
+            if self.needs_fence:  # a restart's replicated segment is sealed: its batches are final
+                self.needs_fence = False
+                if previous is not None and not self.producers_loaded.done():
+                    self._load_task = self._loop.create_task(self._load_producers(previous))
             self.active = segment_id
             self._next_offset = self.committed
             self._active_bytes = 0
