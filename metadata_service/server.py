@@ -246,17 +246,36 @@ def uvicorn_config(
     return uvicorn.Config(app, host=host, port=port, **{**bounded, **options})
 
 
-def serve(app: FastAPI, host: str, port: int, **options: Any) -> None:
-    """``uvicorn.run`` for one app made by ``create_app`` (``options`` are ``uvicorn.Config``'s).
+SWITCH_INTERVAL_S = 0.0005
+"""How long a thread that wants the GIL waits before the holder must hand it over (CPython:
+5 ms).  Store calls run on worker threads (``Runtime.db``) doing Python work (the driver,
+rows, models) while the event loop serves cached reads and commits: each time the loop
+comes back from a socket wait it needs the GIL again, and waited up to the whole interval
+for it, so one batch of cold reads held every request of the loop back by 5 ms, often
+several times (the convoy showed in py-spy as the loop's time in ``Condition.notify``
+and in socket writes)."""
 
-    The process is the service's own, so its heap as built here (modules, routes, schemas:
-    the bulk of every object it will ever hold) moves to the collector's permanent
-    generation first.  Otherwise each full collection rescans it all, and on a busy
-    instance those ran every few seconds, each stopping every request for 50-70 ms
-    (measured under ``bench/metadata_service.py``: the source of its p99).
+
+def prepare_process() -> None:
+    """Tune the interpreter of a process that is the service's own (``serve`` calls it).
+
+    Its heap as built so far (modules, routes, schemas: the bulk of every object it will
+    ever hold) moves to the collector's permanent generation.  Otherwise each full
+    collection rescans it all, and on a busy instance those ran every few seconds, each
+    stopping every request for 50-70 ms (measured under ``bench/metadata_service.py``).
+    And the GIL's switch interval is ``SWITCH_INTERVAL_S``: under the mixed read load of
+    that bench (10% misses), loop stalls over 5 ms fell from ~10 to ~6 a second (--quick,
+    loop-lag probe, noisy shared 2-core machine).
     """
     gc.collect()
     gc.freeze()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+
+
+def serve(app: FastAPI, host: str, port: int, **options: Any) -> None:
+    """``uvicorn.run`` for one app made by ``create_app`` (``options`` are ``uvicorn.Config``'s),
+    in a process prepared for it (``prepare_process``)."""
+    prepare_process()
     server = _Server(
         uvicorn_config(app, host, port, **options),
         app.state.services.settles.begin_shutdown,

@@ -8,8 +8,10 @@ wrapped to count the requests it sees, reached over raw sockets.
 
 from __future__ import annotations
 
+import gc
 import json
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -27,7 +29,7 @@ from ms_memory_backend import memory_cluster
 from sqlalchemy.exc import OperationalError
 
 from metadata_service import ServiceConfig, create_app
-from metadata_service.server import uvicorn_config
+from metadata_service.server import prepare_process, uvicorn_config
 from xinfra.services.ports import free_port
 
 VC = "default"
@@ -316,3 +318,19 @@ def test_hot_answers_are_counted_and_honour_connection_close(
         and 'status="200"' in line
     ]
     assert counted and float(counted[0].split()[-1]) >= 2
+
+
+def test_a_served_process_hands_the_gil_back_to_its_loop_within_a_millisecond() -> None:
+    """``serve`` prepares its process: the heap built so far frozen out of the collector's
+    scans, and a GIL switch interval short enough that a store call on a worker thread
+    holds the event loop back for at most about a millisecond (CPython's 5 ms default let
+    every cold read's batch stall the cached reads behind it)."""
+    before = sys.getswitchinterval()
+    frozen = gc.get_freeze_count()
+    try:
+        prepare_process()
+        assert sys.getswitchinterval() <= 0.001
+        assert gc.get_freeze_count() >= frozen
+    finally:
+        sys.setswitchinterval(before)
+        gc.unfreeze()
