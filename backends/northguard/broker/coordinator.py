@@ -537,6 +537,9 @@ class Coordinator:
                 await self._delete_everywhere([segment_id], replicas)
                 raise
             range_log.replicator = replicator
+            if replicator is not None and replicator.failed:  # failed while the op was written
+                failed_id, failure = next(iter(replicator.failed.items()))
+                range_log.replica_failed(failed_id, failure)
             return segment_id
         assert failure is not None
         raise Unavailable(

@@ -295,6 +295,8 @@ class RangeLog:
 
     def replica_failed(self, broker_id: str, error: XinfraError) -> None:
         """A follower of the active segment failed: fence the range and seal on the survivors."""
+        if self.replicator is None:
+            return  # a replicator not installed yet: the roller that opens it decides
         if self.fenced is None:
             self.fenced = error
         if self.replicator is not None:

@@ -234,14 +234,14 @@ class Replicator:
         if waited_s < self.timeout_s:
             self._arm(self.timeout_s - waited_s)
             return
-        for broker_id, stream in self.streams.items():
+        for broker_id, stream in list(self.streams.items()):
             if stream.acked_end < end:
-                stream.on_failure(
-                    BackendTimeout(
-                        f"follower {broker_id} did not acknowledge offset {end - 1} of segment "
-                        f"{self.segment_id} within {self.timeout_s:g} s"
-                    )
+                error = BackendTimeout(
+                    f"follower {broker_id} did not acknowledge offset {end - 1} of segment "
+                    f"{self.segment_id} within {self.timeout_s:g} s"
                 )
+                stream.on_failure(error)
+                self.stream_failed(broker_id, stream.failure or error)  # once per follower
 
     def stream_failed(self, broker_id: str, error: XinfraError) -> None:
         if self.closed or broker_id in self.failed:
