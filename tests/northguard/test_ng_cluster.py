@@ -294,6 +294,42 @@ async def test_sigkill_and_restart_of_the_coordinator(
     assert len(set(checksums(three_brokers, hit).values())) == 1
 
 
+async def test_a_record_is_readable_only_once_every_replica_has_it(tmp_path: Path) -> None:
+    """The commit rule on processes: with one follower stopped (a replica timeout far away),
+    a send is neither acknowledged nor visible to a tailing reader nor counted in the range's end
+    offset; once the follower runs again it is all three."""
+    processes = start_northguard_cluster(
+        tmp_path, 3, replication_factor=3, extra_args=["--replica-timeout-s", "120"]
+    )
+    backend = backend_for(processes[0].url)
+    stopped: NorthguardProcess | None = None
+    try:
+        await backend.create_topic("visible", shard_ranges(1))
+        producer = backend.producer("visible", ProducerOptions(linger_ms=0))
+        assert await producer.send(0, [Record(value=b"first")]) == [0]
+        reader = backend.reader("visible")
+        reader.assign({0: 0})
+        assert [r.value for r in await read_until(reader, 1)] == [b"first"]
+        stopped = processes[2]
+        os.kill(stopped.pid, signal.SIGSTOP)
+        pending = producer.send(0, [Record(value=b"second")])
+        seen = await reader.poll(max_records=10, timeout_s=1.0)
+        assert seen == [] and not pending.done()
+        ends = await reader.end_offsets([0])
+        assert ends == {0: 1}
+        os.kill(stopped.pid, signal.SIGCONT)
+        stopped = None
+        assert await asyncio.wait_for(pending, WAIT_S) == [1]
+        assert [r.value for r in await read_until(reader, 1)] == [b"second"]
+        await reader.close()
+    finally:
+        if stopped is not None:
+            os.kill(stopped.pid, signal.SIGCONT)
+        await backend.close()
+        for process in reversed(processes):
+            process.stop()
+
+
 async def test_status_command_shows_brokers_replica_sets_and_load(
     three_brokers: list[NorthguardProcess],
 ) -> None:
