@@ -191,6 +191,8 @@ class Coordinator:
         self._unfenced: set[int] = set()  # ranges whose replicated active segment a restart left
         self._fencing: asyncio.Task[None] | None = None
         self.healed = 0  # replicas added by re-replication since start
+        self.replica_failures = 0  # followers left out of a seal since start
+        self.under_replicated = 0  # at the last heal scan
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -645,6 +647,7 @@ class Coordinator:
             return end
 
         ends = await asyncio.gather(*(fence(b) for b in followers))
+        self.replica_failures += sum(1 for end in ends if end is None)
         for broker_id in failed:
             self.membership.suspect(broker_id)
         survivors = [b for b, end in zip(followers, ends, strict=True) if end is not None]
@@ -1017,19 +1020,23 @@ class Coordinator:
     def heal(self) -> None:
         """Start re-replicating under-replicated sealed segments (at most ``HEALING_MAX`` at
         once; each in a task of its own, so a slow copy never holds maintenance)."""
-        if self.peers is None or len(self._healing) >= HEALING_MAX:
+        if self.peers is None:
             return
         live = self.membership.live()
         load: dict[str, tuple[int, ...]] | None = None
+        short = 0
         for segment in list(self.state.segments.values()):
-            if segment.state is not State.SEALED or segment.segment_id in self._healing:
+            if segment.state is not State.SEALED:
                 continue
-            if self._me.broker_id not in segment.replicas:
-                continue  # the source is this broker's replica (the leader of every segment)
             topic = self.state.topics[self.state.ranges[segment.range_id].topic]
             policy = self._policy(topic)
             if len(segment.replicas) >= sum(c.count for c in policy.constraints):
                 continue
+            short += 1
+            if segment.segment_id in self._healing or len(self._healing) >= HEALING_MAX:
+                continue
+            if self._me.broker_id not in segment.replicas:
+                continue  # the source is this broker's replica (the leader of every segment)
             load = load or self._load()
             current = [BrokerInfo(b, self._attributes_of(b)) for b in segment.replicas]
             try:
@@ -1037,11 +1044,8 @@ class Coordinator:
             except XinfraError:
                 continue  # no broker can take it now; the next tick looks again
             self._healing.add(segment.segment_id)
-            task = asyncio.create_task(self._heal_one(segment.segment_id, target))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-            if len(self._healing) >= HEALING_MAX:
-                return
+            self._spawn(self._heal_one(segment.segment_id, target))
+        self.under_replicated = short
 
     def _attributes_of(self, broker_id: str) -> dict[str, str]:
         if broker_id == self._me.broker_id:

@@ -189,6 +189,36 @@ class _CoordinatorCollector(Collector):
         )
         yield CounterMetricFamily("northguard_snapshots", "Metadata snapshots written", c.snapshots)
         yield GaugeMetricFamily(
+            "northguard_live_brokers",
+            "Brokers this coordinator counts live (itself included; 1 on a member)",
+            len(c.membership.live()),
+        )
+        yield CounterMetricFamily(
+            "northguard_replica_failures",
+            "Followers that failed or fell behind the replica timeout (each sealed a segment)",
+            c.replica_failures,
+        )
+        yield GaugeMetricFamily(
+            "northguard_under_replicated_segments",
+            "Sealed segments with fewer replicas than their policy asks (at the last heal scan)",
+            c.under_replicated,
+        )
+        yield CounterMetricFamily(
+            "northguard_segments_healed",
+            "Replicas added by re-replication (copied over the consume protocol, checksum checked)",
+            c.healed,
+        )
+        yield CounterMetricFamily(
+            "northguard_replica_appends_received",
+            "ReplicaAppends with records this broker stored as a follower",
+            c.replicas.appends_received,
+        )
+        yield CounterMetricFamily(
+            "northguard_replica_bytes_received",
+            "Batch bytes this broker stored as a follower",
+            c.replicas.bytes_received,
+        )
+        yield GaugeMetricFamily(
             "northguard_snapshot_bytes", "Size of the last metadata snapshot", c.snapshot_bytes
         )
         yield GaugeMetricFamily(

@@ -283,9 +283,11 @@ class ReplicaSession:
         end_offset: int,
         send: Callable[[bytes], None],
         on_error: Callable[[int, XinfraError], None],
+        host: ReplicaHost | None = None,
     ) -> None:
         self.stream_id = stream_id
         self.segment_id = segment_id
+        self._host = host
         self._store = store
         self._send = send
         self._on_error = on_error
@@ -318,6 +320,9 @@ class ReplicaSession:
         if len(self._pending) >= FOLLOWER_PENDING_MAX:
             raise Backpressure(f"more than {FOLLOWER_PENDING_MAX} replica appends in flight")
         self.next_offset = base_offset + count
+        if self._host is not None:
+            self._host.appends_received += 1
+            self._host.bytes_received += len(batch)
         task = self._loop.create_task(
             self._store.append(self.segment_id, base_offset, count, batch)
         )
@@ -365,6 +370,8 @@ class ReplicaHost:
     def __init__(self, store: SegmentStore) -> None:
         self._store = store
         self.sessions: dict[str, ReplicaSession] = {}
+        self.appends_received = 0
+        self.bytes_received = 0
 
     def open(
         self,
@@ -383,7 +390,7 @@ class ReplicaHost:
         if old is not None:
             old.fenced = True
         session = ReplicaSession(
-            stream_id, segment_id, self._store, info.end_offset, send, on_error
+            stream_id, segment_id, self._store, info.end_offset, send, on_error, self
         )
         self.sessions[segment_id] = session
         return session, info.end_offset
