@@ -14,8 +14,11 @@ first, and answers here only what needs no waiting except for the flush:
   read (``TokenService.authenticate_cached``) and may read the virtual
   cluster; a commit declares a Content-Length of at most ``body_bytes_max``.
   So no body is buffered here for a caller without a token (the gate's promise).
-* ``finish`` (body complete): a read is a cache hit (``metadata_body_now``);
-  a commit's body passes the router's ``CommitIn``, and its checks pass on
+* ``finish`` (body complete): a read is answered from the cache
+  (``metadata_body_now``) or, on a miss, once the store read that
+  ``TopicService.metadata_body`` batches with the others returns, with its
+  errors as the router's problem+json (the fast-path middleware does the same
+  under ASGI); a commit's body passes the router's ``CommitIn``, and its checks pass on
   what this instance holds (``GroupCoordinator.commit_now``): it joins the
   coalescing buffer and is answered 204 when the flush that holds it is
   durable in MySQL, or with the problem+json of the flush's error.
@@ -30,6 +33,7 @@ keeps them, by route template.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -81,6 +85,40 @@ class HotRequest:
     start: float
 
 
+def _metadata_reply(version: int, document: bytes) -> Reply:
+    return Reply(
+        200,
+        [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(document)).encode()),
+            (b"etag", f'"{version}"'.encode()),
+        ],
+        document,
+    )
+
+
+def _error_of(future: asyncio.Future[Any]) -> BaseException | None:
+    if future.cancelled():
+        return Unavailable("the service stopped before the request was answered")
+    return future.exception()
+
+
+def _problem_reply(error: BaseException, method: str, path: str) -> Reply:
+    """The problem+json the app's handlers write for ``error`` (``metadata_service.problems``)."""
+    if isinstance(error, XinfraError):
+        response = error_response(error, path)
+    else:
+        log.error("unexpected error serving %s %s", method, path, exc_info=error)
+        response = problem(
+            500,
+            "internal",
+            "Internal error",
+            f"unexpected {type(error).__name__}; see the service log",
+            path,
+        )
+    return Reply(response.status_code, list(response.raw_headers), bytes(response.body))
+
+
 class HotRoutes:
     """Event-loop only (the protocol calls it from its callbacks)."""
 
@@ -97,6 +135,8 @@ class HotRoutes:
         self.groups = groups
         self.metrics = metrics
         self.body_bytes_max = body_bytes_max
+        self._reading: set[asyncio.Future[tuple[int, bytes]]] = set()
+        """Store reads of misses in flight (the loop keeps only weak references to tasks)."""
 
     def begin(self, scope: Any) -> HotRequest | None:
         """A request this may answer, from its head (``scope`` as uvicorn built it); None: ASGI."""
@@ -130,20 +170,28 @@ class HotRoutes:
         if request.commit:
             return self._commit(request, body, respond)
         answer = self.topics.metadata_body_now(request.vc, request.name)
-        if answer is None:
-            return False
-        version, document = answer
-        reply = Reply(
-            200,
-            [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(document)).encode()),
-                (b"etag", f'"{version}"'.encode()),
-            ],
-            document,
-        )
-        self._done(request, READ_TEMPLATE, "GET", reply)
-        respond(reply)
+        if answer is not None:
+            reply = _metadata_reply(*answer)
+            self._done(request, READ_TEMPLATE, "GET", reply)
+            respond(reply)
+            return True
+        # A miss: the store read (batched with the others, ``MetadataReader``) in a task kept
+        # here until it answers; its errors are the route's problem+json.
+        reading = asyncio.ensure_future(self.topics.metadata_body(request.vc, request.name))
+        self._reading.add(reading)
+
+        def read(future: asyncio.Future[tuple[int, bytes]]) -> None:
+            self._reading.discard(future)
+            error = _error_of(future)
+            reply = (
+                _metadata_reply(*future.result())
+                if error is None
+                else _problem_reply(error, "GET", request.path)
+            )
+            self._done(request, READ_TEMPLATE, "GET", reply)
+            respond(reply)
+
+        reading.add_done_callback(read)
         return True
 
     def _commit(self, request: HotRequest, body: bytes, respond: Respond) -> bool:
@@ -172,25 +220,8 @@ class HotRoutes:
     @staticmethod
     def _flushed(future: Any, path: str) -> Reply:
         """204 once the flush holding the commit is durable; its error's problem+json if not."""
-        error = (
-            Unavailable("the service stopped before the commit was written")
-            if future.cancelled()
-            else future.exception()
-        )
-        if error is None:
-            return Reply(204, [], b"")
-        if isinstance(error, XinfraError):
-            response = error_response(error, path)
-        else:
-            log.error("unexpected error serving POST %s", path, exc_info=error)
-            response = problem(
-                500,
-                "internal",
-                "Internal error",
-                f"unexpected {type(error).__name__}; see the service log",
-                path,
-            )
-        return Reply(response.status_code, list(response.raw_headers), bytes(response.body))
+        error = _error_of(future)
+        return Reply(204, [], b"") if error is None else _problem_reply(error, "POST", path)
 
     def _done(self, request: HotRequest, template: str, method: str, reply: Reply) -> None:
         self.metrics.request_done(

@@ -1,6 +1,7 @@
-"""The hot routes (``metadata_service.hot_routes``): a cached topic-metadata read and a commit
-are answered from the HTTP protocol without the ASGI app, the same bytes the app answers, a
-commit only once durable in MySQL, and everything else still through the app.
+"""The hot routes (``metadata_service.hot_routes``): a plain topic-metadata read (cached or
+not) and a commit are answered from the HTTP protocol without the ASGI app, the same bytes
+the app answers, a commit only once durable in MySQL, and everything else still through
+the app.
 
 A live service under uvicorn with ``metadata_service.server``'s settings, its ASGI app
 wrapped to count the requests it sees, reached over raw sockets.
@@ -174,22 +175,31 @@ def checkpoint_rows(service: Live, group: str) -> list[tuple[str, int, int, int]
         return [tuple(r) for r in result]  # type: ignore[misc]
 
 
-def test_a_cached_read_is_answered_without_the_app_with_the_apps_bytes(
+def test_a_read_is_answered_without_the_app_with_the_apps_bytes(
     served: tuple[Live, str, str],
 ) -> None:
     service, topic, token = served
     path = f"/v1/vclusters/{VC}/topics/{topic}/metadata"
     with service.connect() as sock:
         seen = len(service.counting.requests)
-        first = request(sock, "GET", path, token)  # a cache miss: the app reads the store
+        polled = request(sock, "GET", path + "?after_version=0", token)  # the app's answer
         assert len(service.counting.requests) == seen + 1
+        service.app.state.services.runtime.cache.invalidate(None)
+        first = request(sock, "GET", path, token)  # a cache miss: a store read
         second = request(sock, "GET", path, token)  # a hit, on the same connection
         third = request(sock, "GET", path, token)
-        assert len(service.counting.requests) == seen + 1, "a cached read reached the app"
-    assert first.status == 200 and first.headers[b"etag"] == b'"1"'
-    assert without_date(second) == without_date(first)
-    assert without_date(third) == without_date(first)
+        assert len(service.counting.requests) == seen + 1, "a plain read reached the app"
+        missing = request(sock, "GET", f"/v1/vclusters/{VC}/topics/nope/metadata", token)
+        assert len(service.counting.requests) == seen + 1
+    assert polled.status == 200 and polled.headers[b"etag"] == b'"1"'
+    for answer in (first, second, third):
+        assert without_date(answer) == without_date(polled)
     assert json.loads(second.body)["topic"]["name"] == topic
+    assert missing.status == 404
+    assert missing.headers[b"content-type"] == b"application/problem+json"
+    problem = json.loads(missing.body)
+    assert problem["code"] == "topic_not_found"
+    assert problem["instance"] == f"/v1/vclusters/{VC}/topics/nope/metadata"
 
 
 def test_a_commit_is_answered_without_the_app_once_durable(
@@ -253,11 +263,9 @@ def test_what_the_hot_routes_cannot_answer_goes_to_the_app(
         out_of_range = request(sock, "POST", commit, token, commit_body(topic, 9))
         assert out_of_range.status == 400, out_of_range.body
         assert json.loads(out_of_range.body)["code"] == "shard_out_of_range"
-        missing = request(sock, "GET", f"/v1/vclusters/{VC}/topics/nope/metadata", token)
-        assert missing.status == 404 and json.loads(missing.body)["code"] == "topic_not_found"
         polled = request(sock, "GET", read + "?after_version=0", token)
         assert polled.status == 200
-        assert len(service.counting.requests) == seen + 4
+        assert len(service.counting.requests) == seen + 3
     with service.connect() as sock:
         refused = request(sock, "POST", commit, "xt_unknown", commit_body(topic, 0))
         assert refused.status == 401 and refused.headers[b"connection"] == b"close"
