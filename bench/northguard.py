@@ -30,7 +30,15 @@ first alternating from round to round:
   the same 100 B produce to both brokers back to back, the first
   alternating from round to round; ``tls_produce_ratio`` is secured over
   plain per round (target >= 0.8, hard).  Both sides pay the handshakes only
-  when a producer connects: the timed loop measures the record path.
+  when a producer connects: the timed loop measures the record path;
+* replication: three more brokers as one cluster (``start_northguard_cluster``,
+  replication factor 3: a record is acknowledged once all three replicas
+  have fsynced it), the same 100 B produce beside tansu's (each side going
+  first as in the rest of the round, tansu on a fresh topic), and the same
+  open-loop latency run at ``--rate``.  ``rf3_produce_100b_ratio`` is the
+  replicated cluster over tansu per round (target >= 0.3, hard), its p99 at
+  10k records/s < 50 ms (hard).  The three brokers share this machine's two
+  cores and one disk with everything else, which a real cluster would not.
 
 The peer is tuned as its experts would run it (its configuration is in the
 JSON ``config``): idempotent ``acks=all`` producer with the same linger and
@@ -41,7 +49,8 @@ own counters (flushes, fsyncs, read-cache hits) for the run, the data
 directory's filesystem and whether O_DIRECT was granted are in ``machine``.
 
 Targets: Northguard produce p99 at 10k records/s < 20 ms (hard), TLS and
-credentials produce >= 0.8x plain (hard); the ratios against tansu are reported (``"hard": false``): leading tansu is a later issue.
+credentials produce >= 0.8x plain (hard), replication factor 3: produce >= 0.3x
+tansu and p99 at 10k records/s < 50 ms (hard); the ratios against tansu are reported (``"hard": false``): leading tansu is a later issue.
 
     .venv/bin/python bench/northguard.py --quick
 """
@@ -80,7 +89,7 @@ from report import (  # bench/report.py: what every bench shares
 
 from backends.northguard.backend import NorthguardBackend
 from backends.northguard.credentials import SECRET_ATTRIBUTE
-from backends.northguard.launcher import start_northguard_broker
+from backends.northguard.launcher import start_northguard_broker, start_northguard_cluster
 from backends.northguard.tls import CA_ATTRIBUTE, TLS_ATTRIBUTE, make_test_certificates
 from xinfra.backend import ProducerOptions, ReaderOptions, ShardProducer
 from xinfra.errors import Backpressure
@@ -96,6 +105,7 @@ BATCH_BYTES_MAX = 1 << 20
 BUFFER_BYTES_MAX = 64 << 20
 FETCH_BYTES_MAX = 32 << 20
 SIDES = ("northguard", "tansu")
+REPLICATION_FACTOR = 3
 TLS_VARIANTS = ("plain", "tls")
 
 
@@ -450,13 +460,15 @@ async def one_round(
     order: list[str],
     ng: NorthguardBackend,
     ng_tls: NorthguardBackend,
+    ng_rf3: NorthguardBackend,
     kafka_url: str,
     values: dict[int, list[bytes]],
     args: argparse.Namespace,
     rounds: Rounds,
 ) -> None:
     """Produce 100 B, produce 1 KiB, consume, latency; each step runs both sides in ``order``.
-    Then the 100 B produce again to the plain and the TLS Northguard broker, back to back."""
+    Then the 100 B produce again to the plain and the TLS Northguard broker, back to back;
+    then the replicated cluster's 100 B produce beside tansu's, and its latency."""
     from backends.kafka.backend import KafkaBackend
 
     kafka = KafkaBackend(PhysicalCluster(name="k", kind=ClusterKind.KAFKA, bootstrap=kafka_url))
@@ -542,6 +554,53 @@ async def one_round(
         )
     )
 
+    await replicated_round(number, order, ng_rf3, kafka_url, values, args, rounds)
+
+
+async def replicated_round(
+    number: int,
+    order: list[str],
+    ng_rf3: NorthguardBackend,
+    kafka_url: str,
+    values: dict[int, list[bytes]],
+    args: argparse.Namespace,
+    rounds: Rounds,
+) -> None:
+    """100 B produce to the replicated cluster and to tansu (fresh topics, ``order``), then the
+    replicated cluster's open-loop latency."""
+    from backends.kafka.backend import KafkaBackend
+
+    topic = f"r{number}-rf3-p100"
+    kafka = KafkaBackend(PhysicalCluster(name="k", kind=ClusterKind.KAFKA, bootstrap=kafka_url))
+    await kafka.create_topic(topic, shard_ranges(args.shards))
+    await kafka.close()
+    await ng_rf3.create_topic(topic, shard_ranges(args.shards))
+    for side in order:
+        if side == "northguard":
+            producer = ng_rf3.producer(topic, ng_options(LINGER_MS))
+            rate = await ng_produce(producer, values[100], args.records, args)
+            await producer.close()
+            rounds.add("northguard_rf3_produce_100b_records_per_s", rate)
+        else:
+            rate = await asyncio.to_thread(
+                kafka_produce, kafka_url, topic, values[100], args.records, args
+            )
+            rounds.add("tansu_rf3_pair_produce_100b_records_per_s", rate)
+    latency_topic = f"r{number}-rf3-lat"
+    await ng_rf3.create_topic(latency_topic, shard_ranges(args.shards))
+    producer = ng_rf3.producer(latency_topic, ng_options(LATENCY_LINGER_MS))
+    await producer.send(0, [Record(b"warm")])
+    latencies = await ng_latency(producer, args)
+    await producer.close()
+    rounds.update(latency_figures("northguard_rf3_produce_latency_ms", latencies))
+    progress(
+        f"round {number} replication factor {REPLICATION_FACTOR}: produce 100b "
+        f"{rounds.values['northguard_rf3_produce_100b_records_per_s'][-1]:,.0f}/s against tansu "
+        f"{rounds.values['tansu_rf3_pair_produce_100b_records_per_s'][-1]:,.0f}/s; open-loop "
+        f"p50 {rounds.values['northguard_rf3_produce_latency_ms_p50'][-1]} "
+        f"p99 {rounds.values['northguard_rf3_produce_latency_ms_p99'][-1]} ms"
+    )
+
 
 async def run(args: argparse.Namespace) -> tuple[Rounds, dict[str, Any]]:
     rounds = Rounds()
@@ -560,7 +619,11 @@ async def run(args: argparse.Namespace) -> tuple[Rounds, dict[str, Any]]:
             tls=certificates,
             secret=secret,
         )
+        cluster = start_northguard_cluster(
+            Path(run_dir) / "ng-rf3", REPLICATION_FACTOR, replication_factor=REPLICATION_FACTOR
+        )
         metrics_url = f"http://127.0.0.1:{northguard.http_port}/metrics"
+        cluster_metrics = [f"http://127.0.0.1:{b.http_port}/metrics" for b in cluster]
         try:
             ng = NorthguardBackend(
                 PhysicalCluster(name="ng", kind=ClusterKind.NORTHGUARD, bootstrap=northguard.url)
@@ -577,7 +640,17 @@ async def run(args: argparse.Namespace) -> tuple[Rounds, dict[str, Any]]:
                     },
                 )
             )
-            progress(f"northguard at {northguard.url}, tansu at {tansu.url}")
+            ng_rf3 = NorthguardBackend(
+                PhysicalCluster(
+                    name="ng-rf3",
+                    kind=ClusterKind.NORTHGUARD,
+                    bootstrap=",".join(b.url for b in cluster),
+                )
+            )
+            progress(
+                f"northguard at {northguard.url}, tansu at {tansu.url}, "
+                f"replicated cluster at {','.join(b.url for b in cluster)}"
+            )
             # warm both sides (connections, code paths) on a topic of their own
             await ng.create_topic("warm", shard_ranges(args.shards))
             producer = ng.producer("warm", ng_options(LINGER_MS))
@@ -587,14 +660,31 @@ async def run(args: argparse.Namespace) -> tuple[Rounds, dict[str, Any]]:
             producer = ng_tls.producer("warm", ng_options(LINGER_MS))
             await ng_produce(producer, values[100], args.batch * args.shards * 4, args)
             await producer.close()
+            await ng_rf3.create_topic("warm", shard_ranges(args.shards))
+            producer = ng_rf3.producer("warm", ng_options(LINGER_MS))
+            await ng_produce(producer, values[100], args.batch * args.shards * 4, args)
+            await producer.close()
             before = prometheus_counters(metrics_url, "northguard_")
+            cluster_before = [prometheus_counters(url, "northguard_") for url in cluster_metrics]
             for number, order in enumerate(alternating(args.rounds, list(SIDES))):
-                await one_round(number, order, ng, ng_tls, tansu.url, values, args, rounds)
+                await one_round(number, order, ng, ng_tls, ng_rf3, tansu.url, values, args, rounds)
             after = prometheus_counters(metrics_url, "northguard_")
+            cluster_after = [prometheus_counters(url, "northguard_") for url in cluster_metrics]
             await ng.close()
             await ng_tls.close()
+            await ng_rf3.close()
             facts = broker_facts(delta(before, after), after, data_dir)
+            facts["northguard_rf3_fsyncs_per_broker"] = [
+                int(delta(b, a).get("northguard_store_fsyncs_total", 0.0))
+                for b, a in zip(cluster_before, cluster_after, strict=True)
+            ]
+            facts["northguard_rf3_records_made_durable_per_broker"] = [
+                int(delta(b, a).get("northguard_store_flushed_records_total", 0.0))
+                for b, a in zip(cluster_before, cluster_after, strict=True)
+            ]
         finally:
+            for broker in reversed(cluster):
+                broker.stop()
             northguard.stop()
             northguard_tls.stop()
             tansu.stop()
@@ -602,6 +692,11 @@ async def run(args: argparse.Namespace) -> tuple[Rounds, dict[str, Any]]:
         rounds.ratio(
             f"{kind}_ratio", f"northguard_{kind}_records_per_s", f"tansu_{kind}_records_per_s"
         )
+    rounds.ratio(
+        "rf3_produce_100b_ratio",
+        "northguard_rf3_produce_100b_records_per_s",
+        "tansu_rf3_pair_produce_100b_records_per_s",
+    )
     rounds.ratio(
         "tls_produce_ratio",
         "northguard_tls_produce_100b_records_per_s",
@@ -657,6 +752,10 @@ def main() -> None:
         "produce_1k_ratio_vs_tansu": report_only(figures["produce_1k_ratio"], 1.0),
         "consume_100b_ratio_vs_tansu": report_only(figures["consume_100b_ratio"], 1.0),
         "tls_produce_ratio": target(figures["tls_produce_ratio"], 0.8, ">="),
+        "rf3_produce_100b_ratio_vs_tansu": target(figures["rf3_produce_100b_ratio"], 0.3, ">="),
+        "rf3_produce_latency_ms_p99_at_10k": target(
+            figures["northguard_rf3_produce_latency_ms_p99"], 50.0, "<="
+        ),
     }
     finish(
         "northguard",
@@ -685,6 +784,9 @@ def main() -> None:
             "per connection, every request authorized); 100 B produce to the plain and the "
             "secured broker back to back per round, first alternating; machine facts are the "
             "plain one's",
+            "northguard_rf3": f"{REPLICATION_FACTOR} brokers as one cluster on this machine, "
+            f"replication factor {REPLICATION_FACTOR} (broker 1 coordinates and leads; an append "
+            "is acknowledged once every replica's store has fsynced it), same producer settings",
             "tansu_producer": kafka_producer_config("<tansu>", LINGER_MS),
             "tansu_latency_producer": kafka_producer_config("<tansu>", LATENCY_LINGER_MS),
             "tansu_consumer": kafka_consumer_config("<tansu>"),
