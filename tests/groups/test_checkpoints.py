@@ -247,3 +247,23 @@ async def test_offer_never_waits_and_declines_when_the_buffer_is_full_or_stopped
     assert flushed[0] == {"a": 1, "b": 2} and {"c": 3} in flushed
     await buffer.stop()
     assert buffer.offer({"d": 4}) is None, "offered to a stopped buffer"
+
+
+def test_the_mysql_upsert_writes_any_name_literally_and_splits_long_flushes(engine: Any) -> None:
+    """The upsert's literals (escaped by the driver) round-trip names with quotes, backslashes,
+    percent signs and non-ASCII; a flush past the statement bound is several statements of
+    one transaction, and the last value per key wins."""
+    store = CheckpointStore(engine, statement_bytes_max=2000)
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    odd = ["it's", 'a"b', "c\\\\d", "e%sf%%", "ü-€", "x'); DROP TABLE checkpoints; --"]
+    store.upsert({(VC, group, topic, 0, 0): i for i, topic in enumerate(odd)})
+    many = {(VC, group, "t", 1, shard): shard for shard in range(300)}
+    statements = store.statements
+    store.upsert(many)
+    assert store.statements - statements > 1, "300 rows fit a 2000-byte statement?"
+    store.upsert({(VC, group, "t", 1, 7): 70})
+    got = dict(
+        ((topic, epoch, shard), position) for topic, epoch, shard, position in rows(engine, group)
+    )
+    assert {t: got[(t, 0, 0)] for t in odd} == {t: i for i, t in enumerate(odd)}
+    assert {s: got[("t", 1, s)] for s in range(300)} == {s: 70 if s == 7 else s for s in range(300)}
