@@ -1,4 +1,5 @@
-"""``xinfra northguard ...``: run a broker (``broker``) from the command line.
+"""``xinfra northguard ...``: run a broker (``broker``), show a cluster (``status``), define
+storage policies (``policies create|list|validate``).
 
 The lead mounts ``app`` as ``xinfra northguard``; ``python -m
 backends.northguard.broker`` runs the ``broker`` command alone.
@@ -6,9 +7,10 @@ backends.northguard.broker`` runs the ``broker`` command alone.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -20,7 +22,9 @@ from xinfra.settings import get_settings
 
 DATA_DIR = Path(".xinfra/northguard")
 
-app = typer.Typer(help="Northguard: run a broker, show a cluster.", no_args_is_help=True)
+app = typer.Typer(
+    help="Northguard: run a broker, show a cluster, define storage policies.", no_args_is_help=True
+)
 
 
 def _attributes(values: list[str]) -> dict[str, str]:
@@ -162,11 +166,38 @@ def broker(
     run_broker(config, log_level)
 
 
+BOOTSTRAP_HELP = "Comma-separated broker addresses; the first that answers is used."
+
+
+def _cluster_request(
+    bootstrap: str, secret_file: Path | None, timeout_s: float, op: str, **arguments: Any
+) -> dict[str, Any]:
+    """One request to the first broker of ``bootstrap`` that answers (exit 4 when none does,
+    1 with the error's code when the cluster refuses it)."""
+    from backends.northguard.client.blocking import request_blocking
+    from backends.northguard.credentials import ADMIN, ALL_TOPICS, OPERATIONS, sign
+    from xinfra.errors import BackendUnavailable, XinfraError
+
+    secret = _secret(secret_file)
+    credential = (
+        None if secret is None else sign(secret, f"cli:{ADMIN}", ALL_TOPICS, OPERATIONS, 300.0)
+    )
+    failure: BackendUnavailable | None = None
+    for address in [a.strip() for a in bootstrap.split(",") if a.strip()]:
+        try:
+            return request_blocking(address, op, timeout_s, credential=credential, **arguments)
+        except BackendUnavailable as error:
+            failure = error
+        except XinfraError as error:
+            typer.echo(f"{error.code}: {error.message}", err=True)
+            raise typer.Exit(1) from None
+    typer.echo(f"backend_unavailable: {failure.message if failure else 'no address'}", err=True)
+    raise typer.Exit(4)
+
+
 @app.command("status")
 def status(
-    bootstrap: str = typer.Option(
-        "127.0.0.1:9470", help="Comma-separated broker addresses; the first that answers is used."
-    ),
+    bootstrap: str = typer.Option("127.0.0.1:9470", help=BOOTSTRAP_HELP),
     secret_file: Annotated[
         Path | None, typer.Option(help=f"The cluster secret (else ${SECRET_ENV}), if it has one.")
     ] = None,
@@ -174,27 +205,7 @@ def status(
     timeout_s: float = typer.Option(10.0, help="Request timeout."),
 ) -> None:
     """Brokers with attributes and load, segments with replica sets, under-replicated segments."""
-    import json
-
-    from backends.northguard.client.blocking import request_blocking
-    from backends.northguard.credentials import ADMIN, ALL_TOPICS, OPERATIONS, sign
-    from xinfra.errors import BackendUnavailable
-
-    secret = _secret(secret_file)
-    credential = (
-        None if secret is None else sign(secret, f"cli:{ADMIN}", ALL_TOPICS, OPERATIONS, 300.0)
-    )
-    result = None
-    failure: BackendUnavailable | None = None
-    for address in [a.strip() for a in bootstrap.split(",") if a.strip()]:
-        try:
-            result = request_blocking(address, "cluster_status", timeout_s, credential=credential)
-            break
-        except BackendUnavailable as error:
-            failure = error
-    if result is None:
-        typer.echo(f"backend_unavailable: {failure.message if failure else 'no address'}", err=True)
-        raise typer.Exit(4)
+    result = _cluster_request(bootstrap, secret_file, timeout_s, "cluster_status")
     if as_json:
         typer.echo(json.dumps(result, indent=2, sort_keys=True))
         return
@@ -207,7 +218,7 @@ def status(
             f"{row['role']:<11} attrs={attributes} active_segments={row['active_segments']} "
             f"store_bytes={row['store_bytes']}"
         )
-    typer.echo(f"segments: {len(result['segments'])} listed")
+    typer.echo(f"segments: {result['segments_total']} ({len(result['segments'])} listed)")
     for segment in result["segments"]:
         typer.echo(
             f"  {segment['segment_id']:<14} {segment['topic']} range {segment['range_id']} "
@@ -215,7 +226,10 @@ def status(
             f"replicas={','.join(segment['replicas'])}"
         )
     under = result["under_replicated"]
-    typer.echo(f"under-replicated: {len(under)}" + (f" ({', '.join(under)})" if under else ""))
+    typer.echo(
+        f"under-replicated: {result['under_replicated_total']}"
+        + (f" ({', '.join(under)})" if under else "")
+    )
 
 
 @app.callback()
@@ -226,3 +240,86 @@ def _main() -> None:
 def broker_main() -> None:
     """Entry of ``python -m backends.northguard.broker``: the ``broker`` command alone."""
     typer.run(broker)
+
+
+policies_app = typer.Typer(
+    help="Storage policies: constraints over broker attributes that place every new segment.",
+    no_args_is_help=True,
+)
+app.add_typer(policies_app, name="policies")
+
+
+def _constraints(values: list[str]) -> list[dict[str, Any]]:
+    constraints: list[dict[str, Any]] = []
+    for item in values:
+        expression, sep, count = item.rpartition(":")
+        if not sep or not count.isdigit():
+            raise typer.BadParameter(
+                f"constraint {item!r} is EXPRESSION:COUNT (e.g. 'rack=r1:1', '*:3')"
+            )
+        constraints.append({"expression": expression, "count": int(count)})
+    return constraints
+
+
+def _policy_line(policy: dict[str, Any]) -> str:
+    constraints = " ".join(f"{c['expression']}:{c['count']}" for c in policy["constraints"])
+    distinct = f" distinct_by={policy['distinct_by']}" if policy.get("distinct_by") else ""
+    return f"{policy['name']}: {constraints}{distinct} retention_ms={policy['retention_ms']}"
+
+
+@policies_app.command("create")
+def policies_create(
+    name: str,
+    constraint: Annotated[
+        list[str],
+        typer.Option(
+            help="EXPRESSION:COUNT over broker attributes (repeatable): 'rack=r1:1', '*:3'."
+        ),
+    ],
+    distinct_by: str = typer.Option("", help="An attribute every replica must differ in."),
+    retention_ms: int = typer.Option(7 * 24 * 3600 * 1000, help="Retention of sealed segments."),
+    bootstrap: str = typer.Option("127.0.0.1:9470", help=BOOTSTRAP_HELP),
+    secret_file: Annotated[Path | None, typer.Option(help="The cluster secret, if any.")] = None,
+    timeout_s: float = typer.Option(10.0, help="Request timeout."),
+) -> None:
+    """Define a storage policy; refused with the reason when it is not valid."""
+    policy = {
+        "name": name,
+        "constraints": _constraints(constraint),
+        "retention_ms": retention_ms,
+        "distinct_by": distinct_by or None,
+    }
+    result = _cluster_request(bootstrap, secret_file, timeout_s, "create_policy", policy=policy)
+    typer.echo(f"created {_policy_line(result)}")
+
+
+@policies_app.command("list")
+def policies_list(
+    bootstrap: str = typer.Option("127.0.0.1:9470", help=BOOTSTRAP_HELP),
+    secret_file: Annotated[Path | None, typer.Option(help="The cluster secret, if any.")] = None,
+    as_json: bool = typer.Option(False, "--json", help="Print the policies as JSON."),
+    timeout_s: float = typer.Option(10.0, help="Request timeout."),
+) -> None:
+    """Every storage policy of the cluster."""
+    result = _cluster_request(bootstrap, secret_file, timeout_s, "list_policies")
+    if as_json:
+        typer.echo(json.dumps(result["policies"], indent=2, sort_keys=True))
+        return
+    for policy in result["policies"]:
+        typer.echo(_policy_line(policy))
+
+
+@policies_app.command("validate")
+def policies_validate(
+    name: str,
+    bootstrap: str = typer.Option("127.0.0.1:9470", help=BOOTSTRAP_HELP),
+    secret_file: Annotated[Path | None, typer.Option(help="The cluster secret, if any.")] = None,
+    timeout_s: float = typer.Option(10.0, help="Request timeout."),
+) -> None:
+    """Whether the live brokers can satisfy a policy now (exit 1 and why, when not)."""
+    result = _cluster_request(bootstrap, secret_file, timeout_s, "validate_policy", policy=name)
+    if result["satisfiable"]:
+        typer.echo(f"{name}: satisfiable now, e.g. replicas {','.join(result['replicas'])}")
+        return
+    typer.echo(f"{name}: not satisfiable now: {result['reason']}", err=True)
+    raise typer.Exit(1)

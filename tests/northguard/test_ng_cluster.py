@@ -29,6 +29,7 @@ from backends.northguard import cli
 from backends.northguard.client.blocking import request_blocking
 from backends.northguard.launcher import NorthguardProcess, start_northguard_cluster
 from xinfra.backend import ProducerOptions
+from xinfra.errors import XinfraError
 from xinfra.keyspace import shard_ranges
 from xinfra.model import Record
 
@@ -371,3 +372,59 @@ async def test_status_command_shows_brokers_replica_sets_and_load(
     assert "replicas=1," in text.output and "under-replicated: 0" in text.output
     down = runner.invoke(cli.app, ["status", "--bootstrap", "127.0.0.1:1"])
     assert down.exit_code == 4 and "backend_unavailable" in down.output
+
+
+async def test_storage_policies_are_defined_checked_and_place_segments(
+    three_brokers: list[NorthguardProcess],
+) -> None:
+    """``xinfra northguard policies``: an invalid policy is refused with what is wrong; a valid
+    one is listed, kept across a coordinator restart and places replicas (distinct racks); a
+    policy no live broker set satisfies blocks only its own topic's segments and says why."""
+    runner = CliRunner()
+    member = three_brokers[1].url  # a member forwards to the coordinator
+    base = ["--bootstrap", member]
+
+    def policies(*args: str) -> Any:
+        return runner.invoke(cli.app, ["policies", *args, *base])
+
+    bad = policies("create", "broken", "--constraint", "rack-r1:1")
+    assert bad.exit_code == 1 and "not key=value" in bad.output, bad.output
+    too_many = policies("create", "huge", "--constraint", "*:17")
+    assert too_many.exit_code == 1 and "at most 16" in too_many.output
+    made = policies("create", "per-rack", "--constraint", "*:3", "--distinct-by", "rack")
+    assert made.exit_code == 0, made.output
+    assert policies("create", "per-rack", "--constraint", "*:1").exit_code == 1  # exists
+    assert policies("create", "rack-r9", "--constraint", "rack=r9:1").exit_code == 0
+    assert policies("validate", "per-rack").exit_code == 0
+    blocked = policies("validate", "rack-r9")
+    assert blocked.exit_code == 1 and "rack=r9" in blocked.output
+
+    three_brokers[0].kill()
+    three_brokers[0].restart()
+    listed = runner.invoke(cli.app, ["policies", "list", "--json", *base])
+    assert listed.exit_code == 0, listed.output
+    names = {p["name"]: p for p in json.loads(listed.output)}
+    assert names["per-rack"]["distinct_by"] == "rack" and "rack-r9" in names
+
+    wait_until(
+        lambda: sum(b["live"] for b in request(three_brokers[0], "cluster_status")["brokers"]) == 3,
+        "the members after the coordinator's restart",
+    )
+    backend = backend_for(three_brokers[0].url)
+    try:
+        await backend.create_topic("placed", shard_ranges(1), {"policy": "per-rack"})
+        await backend.create_topic("stuck", shard_ranges(1), {"policy": "rack-r9"})
+        with pytest.raises(XinfraError, match="unknown storage policy"):
+            await backend.create_topic("nowhere", shard_ranges(1), {"policy": "nope"})
+        placed = backend.producer("placed", ProducerOptions(linger_ms=0))
+        stuck = backend.producer("stuck", ProducerOptions(linger_ms=0, request_timeout_s=3))
+        failed = stuck.send(0, [Record(value=b"never")])
+        assert await placed.send(0, [Record(value=b"placed")]) == [0]
+        with pytest.raises(XinfraError, match="rack=r9"):
+            await failed
+    finally:
+        await backend.close()
+    [segment] = request(three_brokers[0], "segment_metadata", name="placed", range_id=1)["segments"]
+    racks = {"1": "r1", "2": "r2", "3": "r3"}
+    assert sorted(racks[b] for b in segment["replicas"]) == ["r1", "r2", "r3"]
+    assert request(three_brokers[0], "segment_metadata", name="stuck", range_id=2)["segments"] == []

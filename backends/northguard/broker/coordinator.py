@@ -83,6 +83,7 @@ from backends.northguard.broker.placement import (
     StoragePolicy,
     choose_additional_replica,
     choose_replicas,
+    policy_from_json,
     with_replication_factor,
 )
 from backends.northguard.broker.range_log import RangeLog
@@ -97,6 +98,7 @@ from backends.northguard.runtime import Runtime
 from backends.northguard.shielded import to_completion
 from backends.northguard.store.base import SegmentState, SegmentStore
 from xinfra.errors import (
+    Conflict,
     InvalidRequest,
     NotFound,
     Sealed,
@@ -115,6 +117,10 @@ log = logging.getLogger(__name__)
 TIMESTAMP_SCAN_BYTES = 4 << 20
 """Bytes read per store call when scanning for a timestamp (a cold path)."""
 REPLICATION_FACTOR_MAX = 16
+LOAD_REFRESH_S = 1.0
+"""Age of the per-broker load placement uses before it is counted again."""
+STATUS_SEGMENTS_MAX = 1000
+"""Segments ``cluster_status`` lists (active and under-replicated first); totals are exact."""
 HEALING_MAX = 4
 """Sealed segments re-replicated at once (each a consume stream and a copy on one broker)."""
 COPY_TIMEOUT_S = 600.0
@@ -188,6 +194,8 @@ class Coordinator:
         self.forward: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._healing: set[str] = set()  # segment ids being re-replicated
+        self._load_cache: dict[str, list[int]] | None = None
+        self._load_cached_s = 0.0
         self._unfenced: set[int] = set()  # ranges whose replicated active segment a restart left
         self._fencing: asyncio.Task[None] | None = None
         self.healed = 0  # replicas added by re-replication since start
@@ -406,6 +414,8 @@ class Coordinator:
         of a topic (deleting, sealing, splitting or merging)."""
         if op["op"] in ("delete_topic", "seal_topic", "split_range", "merge_ranges"):
             return None
+        if op["op"] == "create_policy":
+            return {("policy", op["policy"]["name"])}
         keys: set[tuple[str, Any]] = set()
         if "name" in op:
             keys.add(("topic", op["name"]))
@@ -507,7 +517,8 @@ class Coordinator:
         failure: XinfraError | None = None
         for attempt in range(PLACEMENT_ATTEMPTS):
             brokers = self.membership.live() if self.peers is not None else [self._me]
-            replicas = choose_replicas(policy, brokers, self._load(), first=self._me.broker_id)
+            load = self._load() if len(brokers) > 1 else {}  # a scan of every segment
+            replicas = choose_replicas(policy, brokers, load, first=self._me.broker_id)
             segment_id = f"r{meta.range_id}-{self.state.applied_seq + 1}"
             if attempt:
                 segment_id += f"-{attempt}"
@@ -539,6 +550,7 @@ class Coordinator:
                 await self._delete_everywhere([segment_id], replicas)
                 raise
             range_log.replicator = replicator
+            self._placed(replicas)
             if replicator is not None and replicator.failed:  # failed while the op was written
                 failed_id, failure = next(iter(replicator.failed.items()))
                 range_log.replica_failed(failed_id, failure)
@@ -677,18 +689,32 @@ class Coordinator:
         return end, kept
 
     def _load(self) -> dict[str, tuple[int, ...]]:
-        """Per broker: active segment replicas, then stored bytes (what striping balances)."""
-        active: dict[str, int] = {}
-        for segment in self.state.segments.values():
-            if segment.state is State.ACTIVE:
-                for broker_id in segment.replicas:
-                    active[broker_id] = active.get(broker_id, 0) + 1
-        stored = {m.broker_id: m.store_bytes for m in self.membership.members.values()}
-        stored[self._me.broker_id] = sum(info.size_bytes for info in self._store.segments())
-        return {
-            broker_id: (active.get(broker_id, 0), stored.get(broker_id, 0))
-            for broker_id in {*active, *stored}
-        }
+        """Per broker: active segment replicas, then stored bytes (what striping balances).
+
+        A scan of every segment, so it is cached for ``LOAD_REFRESH_S``; each placement
+        made meanwhile adds its active replicas to the cache (``_placed``), so a burst of
+        new segments (a topic of 4,096 ranges) still spreads, at O(brokers) per segment.
+        """
+        now_s = self._runtime.monotonic_s()
+        if self._load_cache is None or now_s - self._load_cached_s >= LOAD_REFRESH_S:
+            active: dict[str, int] = {}
+            for segment in self.state.segments.values():
+                if segment.state is State.ACTIVE:
+                    for broker_id in segment.replicas:
+                        active[broker_id] = active.get(broker_id, 0) + 1
+            stored = {m.broker_id: m.store_bytes for m in self.membership.members.values()}
+            stored[self._me.broker_id] = sum(info.size_bytes for info in self._store.segments())
+            self._load_cache = {
+                broker_id: [active.get(broker_id, 0), stored.get(broker_id, 0)]
+                for broker_id in {*active, *stored}
+            }
+            self._load_cached_s = now_s
+        return {broker_id: (a, b) for broker_id, (a, b) in self._load_cache.items()}
+
+    def _placed(self, replicas: list[str]) -> None:
+        if self._load_cache is not None:
+            for broker_id in replicas:
+                self._load_cache.setdefault(broker_id, [0, 0])[0] += 1
 
     async def _delete_everywhere(self, segment_ids: list[str], replicas: list[str]) -> None:
         """Delete segments here now and on the other replicas in the background (best effort:
@@ -717,8 +743,43 @@ class Coordinator:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
+    def policy(self, name: str) -> StoragePolicy | None:
+        """The policy named ``name``: one an administrator defined, else a configured one."""
+        defined = self.state.policies.get(name)
+        if defined is not None:
+            return policy_from_json(defined)
+        return self.config.policies.get(name)
+
+    def list_policies(self) -> list[dict[str, Any]]:
+        names = sorted({*self.config.policies, *self.state.policies})
+        return [p.to_json() for name in names if (p := self.policy(name)) is not None]
+
+    async def create_policy(self, data: Any) -> dict[str, Any]:
+        """Define a storage policy (checked first: a bad one is refused with what is wrong)."""
+        policy = policy_from_json(data)
+
+        def new_name() -> None:
+            if self.policy(policy.name) is not None:
+                raise Conflict(f"storage policy {policy.name!r} already exists")
+
+        new_name()
+        await self._commit({"op": "create_policy", "policy": policy.to_json()}, new_name)
+        return policy.to_json()
+
+    def validate_policy(self, data: Any) -> dict[str, Any]:
+        """Check a policy (given, or by name) and whether the live brokers can satisfy it now."""
+        policy = self.policy(data) if isinstance(data, str) else policy_from_json(data)
+        if policy is None:
+            raise NotFound(f"no storage policy {data!r}")
+        brokers = self.membership.live() if self.peers is not None else [self._me]
+        try:
+            replicas = choose_replicas(policy, brokers, self._load(), first=self._me.broker_id)
+        except XinfraError as error:
+            return {"policy": policy.to_json(), "satisfiable": False, "reason": error.message}
+        return {"policy": policy.to_json(), "satisfiable": True, "replicas": replicas}
+
     def _policy(self, topic: TopicMeta) -> StoragePolicy:
-        policy = self.config.policies.get(topic.policy, DEFAULT_POLICY)
+        policy = self.policy(topic.policy) or DEFAULT_POLICY
         factor = topic.config.get("replication.factor")
         policy = with_replication_factor(
             policy, int(factor) if factor is not None else self.config.replication_factor
@@ -764,8 +825,11 @@ class Coordinator:
         if len(ranges) > SHARD_COUNT_MAX:
             raise InvalidRequest(f"a topic has at most {SHARD_COUNT_MAX} ranges, not {len(ranges)}")
         policy = config.get("policy", DEFAULT_POLICY.name)
-        if policy not in self.config.policies:
-            raise InvalidRequest(f"unknown storage policy {policy!r}")
+        if self.policy(policy) is None:
+            raise InvalidRequest(
+                f"unknown storage policy {policy!r}; define it first (xinfra northguard policies "
+                "create) or use one of: " + ", ".join(p["name"] for p in self.list_policies())
+            )
         if "replication.factor" in config:
             try:
                 if not 1 <= int(config["replication.factor"]) <= REPLICATION_FACTOR_MAX:
@@ -960,12 +1024,16 @@ class Coordinator:
             row["store_bytes"] = stored
         segments: list[dict[str, Any]] = []
         under: list[str] = []
-        for segment in self.state.segments.values():
+        # Under-replicated and active segments first: what an operator looks for.
+        ordered = sorted(self.state.segments.values(), key=lambda s: s.state is State.SEALED)
+        for segment in ordered:
             meta = self.state.ranges[segment.range_id]
             topic = self.state.topics[meta.topic]
             wanted = sum(c.count for c in self._policy(topic).constraints)
             if len(segment.replicas) < wanted:
                 under.append(segment.segment_id)
+            if len(segments) >= STATUS_SEGMENTS_MAX:
+                continue
             segments.append(
                 {
                     "segment_id": segment.segment_id,
@@ -982,7 +1050,9 @@ class Coordinator:
             "coordinator": self.config.broker_id,
             "brokers": brokers,
             "segments": segments,
-            "under_replicated": under,
+            "segments_total": len(self.state.segments),
+            "under_replicated": under[:STATUS_SEGMENTS_MAX],
+            "under_replicated_total": len(under),
         }
 
     # -- maintenance: age limits and retention -----------------------------------------------------

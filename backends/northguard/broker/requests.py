@@ -44,6 +44,9 @@ OPS = frozenset(
         "replica_delete",
         "replica_checksum",
         "replica_copy",
+        "create_policy",
+        "list_policies",
+        "validate_policy",
     }
 )
 LOCAL_OPS = frozenset(
@@ -68,6 +71,7 @@ BROKER_OPS = frozenset(
         "replica_delete",
         "replica_checksum",
         "replica_copy",
+        "create_policy",
     }
 )
 """Ops about the whole cluster: an admin credential for every topic (a broker's own) only."""
@@ -93,6 +97,9 @@ _OPERATION_OF: dict[str, str | None] = {
     "replica_delete": ADMIN,
     "replica_checksum": ADMIN,
     "replica_copy": ADMIN,
+    "create_policy": ADMIN,
+    "list_policies": READ,
+    "validate_policy": READ,
 }
 assert _OPERATION_OF.keys() == OPS
 
@@ -124,6 +131,12 @@ async def _dispatch(coordinator: Coordinator, op: str, request: dict[str, Any]) 
         return {"topics": coordinator.list_topics()}
     if op == "cluster_status":
         return coordinator.cluster_status()
+    if op == "create_policy":
+        return await coordinator.create_policy(request.get("policy"))
+    if op == "list_policies":
+        return {"policies": coordinator.list_policies()}
+    if op == "validate_policy":
+        return coordinator.validate_policy(request.get("policy"))
     if op == "register_broker":
         attributes = request.get("attributes") or {}
         if not isinstance(attributes, dict) or not all(

@@ -79,6 +79,8 @@ class MetadataState:
     segments: dict[str, SegmentMeta] = field(default_factory=dict)
     next_range_id: int = 1
     applied_seq: int = 0  # the journal sequence number of the last applied op
+    policies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Storage policies administrators defined, by name, as checked JSON (``placement``)."""
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -165,6 +167,11 @@ class MetadataState:
         if "replicas" in op:  # the survivors of a replica failure: who holds the sealed segment
             segment.replicas = list(op["replicas"])
 
+    def _apply_create_policy(self, op: dict[str, Any]) -> None:
+        policy = dict(op["policy"])
+        assert policy["name"] not in self.policies
+        self.policies[policy["name"]] = policy
+
     def _apply_add_replica(self, op: dict[str, Any]) -> None:
         """Re-replication: a broker now holds a full, checked copy of a sealed segment."""
         segment = self.segments[op["segment_id"]]
@@ -227,11 +234,14 @@ class MetadataState:
             "segments": [asdict(s) for s in self.segments.values()],
             "next_range_id": self.next_range_id,
             "applied_seq": self.applied_seq,
+            "policies": list(self.policies.values()),
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> MetadataState:
         state = cls(next_range_id=data["next_range_id"], applied_seq=data["applied_seq"])
+        for policy in data.get("policies", []):  # absent from snapshots made before policies
+            state.policies[policy["name"]] = dict(policy)
         for t in data["topics"]:
             state.topics[t["name"]] = TopicMeta(**{**t, "state": State(t["state"])})
         for r in data["ranges"]:
