@@ -1,10 +1,15 @@
 """The Kafka shard reader: a librdkafka consumer that ``assign``s partitions, never joins a group.
 
-Threads.  librdkafka's ``consume`` blocks, so it runs on one worker thread
-owned by the reader (a single-thread executor: polls are serialised, and
-an assignment is applied on that same thread just before the consume that
-follows it).  Offset queries (``ListOffsets``) are independent requests and
-run on ``asyncio.to_thread``; librdkafka's handle is thread-safe.
+Threads.  A poll first takes what librdkafka has already fetched, on the
+event loop (``consume`` with no wait does not block): a reader that keeps up
+with a busy topic makes no thread hop at all, like a bare loop (a hop is two
+thread wake-ups per poll, each of which a busy machine may delay by a
+scheduling slice).  When nothing is ready, or an assignment is to be applied,
+the waiting ``consume`` runs on one worker thread owned by the reader (a
+single-thread executor: polls are serialised, and an assignment is applied
+on that same thread just before the consume that follows it).  Offset
+queries (``ListOffsets``) are independent requests and run on
+``asyncio.to_thread``; librdkafka's handle is thread-safe.
 
 Assignment.  ``assign`` only records the wanted positions and bumps a
 generation; the next ``poll`` applies them and consumes.  A poll that was
@@ -141,6 +146,11 @@ class KafkaShardReader(ShardReader):
         if self._deferred is not None:
             deferred, self._deferred = self._deferred, None
             raise deferred
+        if self._in_flight is None and self._pending is None:
+            # What librdkafka holds already is taken here, on the loop: no thread hop.
+            records, error = self._consume(max_records, None)
+            if records or error is not None:
+                return self._deliver(records, error, max_records)
         if self._in_flight is None:
             # A poll cancelled while librdkafka consumed leaves its consume in flight: the
             # next poll picks its records up instead of losing them.
@@ -167,6 +177,12 @@ class KafkaShardReader(ShardReader):
         self._in_flight = None
         if self._generation != generation:
             return []  # assign() ran meanwhile: these belong to the old assignment
+        return self._deliver(records, error, max_records)
+
+    def _deliver(
+        self, records: list[ConsumedRecord], error: XinfraError | None, max_records: int
+    ) -> list[ConsumedRecord]:
+        """The records of one consume, up to ``max_records``; its error now, or after them."""
         if error is not None:
             if not records:
                 raise error
@@ -188,10 +204,20 @@ class KafkaShardReader(ShardReader):
         """Runs on the reader's worker thread: apply a new assignment, then consume."""
         if pending is not None:
             self._apply(pending)
+        return self._consume(max_records, timeout_s)
+
+    def _consume(self, max_records: int, timeout_s: float | None) -> _Consumed:
+        """Up to ``max_records``: what is ready, or when nothing is, the first within ``timeout_s``.
+
+        ``None``: take what is ready and never block, which is how ``poll``
+        calls it on the event loop; nothing ready is then no answer yet (a
+        cluster found down is reported by the waiting consume that follows,
+        on the worker thread).
+        """
         consume = self._consumer.consume
         chunk = min(max_records, CONSUME_CHUNK_RECORDS)
         messages = consume(chunk, 0)  # what is ready, without waiting
-        if not messages and timeout_s > 0:
+        if not messages and timeout_s:
             # librdkafka's consume waits for its whole count: wait for one record, never more.
             chunk = 1
             messages = consume(chunk, timeout_s)
@@ -212,7 +238,7 @@ class KafkaShardReader(ShardReader):
             )
         if records:
             self._down = None
-        elif error is None and self._down is not None:
+        elif error is None and self._down is not None and timeout_s is not None:
             down, self._down = self._down, None
             error = to_xinfra(down, self.bootstrap, f"reading {self.topic!r}")
         return records, error

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from containers import KAFKA_IS_TANSU
 
 from backends.kafka.backend import KafkaBackend
 from backends.kafka.producer import KafkaShardProducer
+from backends.kafka.reader import KafkaShardReader
 from xinfra.backend import open_backend
 from xinfra.errors import BackendUnavailable, InvalidRequest, Timeout, TopicNotFound
 from xinfra.keyspace import KEYSPACE_SIZE, KeyRange, shard_ranges
@@ -150,6 +152,41 @@ async def test_a_poll_returns_the_records_that_came_without_waiting_out_its_time
     finally:
         await reader.close()
         await producer.close()
+
+
+async def test_records_already_fetched_are_polled_without_a_thread_hop(
+    kafka_backend: KafkaBackend, topic_name: str
+) -> None:
+    """A reader that keeps up takes what librdkafka holds on the loop, as a bare loop would."""
+    await kafka_backend.create_topic(topic_name, shard_ranges(1))
+    producer = kafka_backend.producer(topic_name)
+    offsets = await producer.send(0, [Record(value=b"v%d" % i) for i in range(2000)])
+    await producer.close()
+    reader = kafka_backend.reader(topic_name)
+    assert isinstance(reader, KafkaShardReader)
+    reader.assign({0: 0})
+    submitted = 0
+    submit = reader._executor.submit
+
+    def counting_submit(*args: Any, **kwargs: Any) -> Any:
+        nonlocal submitted
+        submitted += 1
+        return submit(*args, **kwargs)
+
+    reader._executor.submit = counting_submit  # type: ignore[method-assign]
+    got: list[int] = []
+    polls = 0
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while len(got) < len(offsets):
+            assert time.monotonic() < deadline, f"{len(got)} of {len(offsets)} read"
+            got += [record.offset for record in await reader.poll(max_records=50, timeout_s=1.0)]
+            polls += 1
+    finally:
+        await reader.close()
+    assert got == offsets
+    # The assignment's poll goes to the worker, and so does one waiting for a fetch.
+    assert submitted <= polls // 4, f"{submitted} of {polls} polls went to the worker thread"
 
 
 async def test_a_reader_reports_a_dead_cluster(tmp_path: Path, topic_name: str) -> None:
