@@ -45,7 +45,7 @@ from clients.spark.plan import (
     offsets_from_json,
     offsets_to_json,
 )
-from clients.spark.read import read_slice
+from clients.spark.read import freeze_worker_heap, read_slice
 from clients.spark.write import XinfraWriter, check_schema
 from clients.sync import LoopThread
 from xinfra.errors import InvalidRequest
@@ -114,6 +114,7 @@ def _read(partition: InputPartition, options: SourceOptions) -> Iterator[Any]:
     if piece is None:  # Spark's stand-in when a plan has no slice
         return iter(())
     assert isinstance(piece, Slice)
+    freeze_worker_heap()
     return read_slice(piece, options.include_headers, options.fail_on_data_loss)
 
 

@@ -7,6 +7,7 @@ cannot serve the planned offsets is decided here, on a real broker.
 from __future__ import annotations
 
 import asyncio
+import gc
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,3 +96,21 @@ def test_a_slice_inside_the_shard_reads_exactly_its_offsets(
     values = [value for batch in batches for value in batch.column("value").to_pylist()]
     assert offsets == [1, 2, 3]
     assert values == [b"v1", b"v2", b"v3"]
+
+
+def test_the_collector_is_paused_only_inside_a_poll(
+    short_topic: tuple[PhysicalCluster, str],
+) -> None:
+    """read_slice pauses the cyclic collector while it polls and builds a batch; Spark's code,
+    which runs between the batches, and the caller after the read find it as they left it."""
+    cluster, topic = short_topic
+    seen = [gc.isenabled() for _ in read_slice(_slice(cluster, topic, 0, RECORDS), False, True)]
+    assert seen and all(seen)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        batches = list(read_slice(_slice(cluster, topic, 0, RECORDS), False, True))
+        assert sum(batch.num_rows for batch in batches) == RECORDS
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
