@@ -107,6 +107,7 @@ def start_northguard_cluster(
     it; the coordinator waits for the members to register before this returns, so the first
     segment already has its replica set.  Stop them with ``stop`` on each (members first)."""
     from backends.northguard.client.blocking import request_blocking
+    from backends.northguard.credentials import ALL_TOPICS, OPERATIONS, sign
 
     first_port = free_port()
     address = f"127.0.0.1:{first_port}"
@@ -127,15 +128,19 @@ def start_northguard_cluster(
                     secret=secret,
                 )
             )
-        if secret is None:
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while True:
-                status = request_blocking(address, "cluster_status", 10.0)
-                if sum(1 for b in status["brokers"] if b["live"]) == count:
-                    break
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"only {status['brokers']} of {count} brokers joined")
-                time.sleep(0.05)
+        credential = (
+            None
+            if secret is None
+            else sign(secret.encode(), "launcher", ALL_TOPICS, OPERATIONS, START_TIMEOUT_S)
+        )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            status = request_blocking(address, "cluster_status", 10.0, credential=credential)
+            if sum(1 for b in status["brokers"] if b["live"]) == count:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {status['brokers']} of {count} brokers joined")
+            time.sleep(0.05)
     except BaseException:
         for process in reversed(processes):
             process.stop()
