@@ -170,8 +170,15 @@ class GuardedHttpToolsProtocol(_HeadTimer, HttpToolsProtocol):
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         hot = self.hot_routes
-        # cycle.more_body: called from the head, not for a pipelined request whose body is in.
-        if hot is not None and app is self.app and cycle.more_body and not self.flow.write_paused:
+        # cycle.more_body: called from the head, not for a pipelined request whose body is in;
+        # a client waiting for "100 Continue" before its body gets it from the app's receive.
+        if (
+            hot is not None
+            and app is self.app
+            and cycle.more_body
+            and not cycle.waiting_for_100_continue
+            and not self.flow.write_paused
+        ):
             request = hot.begin(cycle.scope)
             if request is not None:
                 self._hot = (cycle, app, request)
@@ -256,9 +263,12 @@ several times (the convoy showed in py-spy as the loop's time in ``Condition.not
 and in socket writes)."""
 
 
-def prepare_process() -> None:
-    """Tune the interpreter of a process that is the service's own (``serve`` calls it).
+def prepare_process(app: FastAPI) -> None:
+    """Prepare a process that is the service's own for ``app`` (``serve`` calls it).
 
+    The store's pool is opened in full (``MetadataStore.open_pool``) before any request:
+    each new PyMySQL connection holds the GIL ~27 ms building a TLS context, and the pool
+    grew under the first load (token lookups and cold reads at once), 16 such stalls.
     Its heap as built so far (modules, routes, schemas: the bulk of every object it will
     ever hold) moves to the collector's permanent generation.  Otherwise each full
     collection rescans it all, and on a busy instance those ran every few seconds, each
@@ -267,6 +277,8 @@ def prepare_process() -> None:
     that bench (10% misses), loop stalls over 5 ms fell from ~10 to ~6 a second (--quick,
     loop-lag probe, noisy shared 2-core machine).
     """
+    config: ServiceConfig = app.state.config
+    app.state.services.runtime.store.open_pool(config.db_pool_size)
     gc.collect()
     gc.freeze()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
@@ -275,7 +287,7 @@ def prepare_process() -> None:
 def serve(app: FastAPI, host: str, port: int, **options: Any) -> None:
     """``uvicorn.run`` for one app made by ``create_app`` (``options`` are ``uvicorn.Config``'s),
     in a process prepared for it (``prepare_process``)."""
-    prepare_process()
+    prepare_process(app)
     server = _Server(
         uvicorn_config(app, host, port, **options),
         app.state.services.settles.begin_shutdown,

@@ -357,6 +357,23 @@ class MetadataStore:
     def dispose(self) -> None:
         self.engine.dispose()
 
+    def open_pool(self, connections: int) -> int:
+        """Open up to ``connections`` pooled connections now, and return them to the pool: the
+        count opened.  A new PyMySQL connection builds a TLS context (~27 ms holding the GIL),
+        so a pool that grew under load stalled every request of the instance once per new
+        connection.  A database that does not answer yet is not an error here (the lifespan
+        and ``/ready`` report it): fewer are opened, and the rest open on demand."""
+        opened: list[Connection] = []
+        try:
+            for _ in range(connections):
+                opened.append(self.engine.connect())
+        except sa.exc.SQLAlchemyError:
+            pass
+        finally:
+            for connection in opened:
+                connection.close()
+        return len(opened)
+
     # ---- physical clusters -------------------------------------------------------------
 
     def insert_cluster(self, cluster: PhysicalCluster) -> int:

@@ -328,17 +328,53 @@ def test_hot_answers_are_counted_and_honour_connection_close(
     assert counted and float(counted[0].split()[-1]) >= 2
 
 
-def test_a_served_process_hands_the_gil_back_to_its_loop_within_a_millisecond() -> None:
-    """``serve`` prepares its process: the heap built so far frozen out of the collector's
-    scans, and a GIL switch interval short enough that a store call on a worker thread
-    holds the event loop back for at most about a millisecond (CPython's 5 ms default let
-    every cold read's batch stall the cached reads behind it)."""
+def test_a_served_process_hands_the_gil_back_to_its_loop_within_a_millisecond(
+    make_config: Callable[..., ServiceConfig],
+) -> None:
+    """``serve`` prepares its process: the store's pool opened in full (a new PyMySQL
+    connection builds a TLS context, ~27 ms holding the GIL: a stall of every request when
+    the pool grew under load), the heap built so far frozen out of the collector's scans,
+    and a GIL switch interval short enough that a store call on a worker thread holds the
+    event loop back for at most about a millisecond (CPython's 5 ms default let every cold
+    read's batch stall the cached reads behind it)."""
+    app = create_app(make_config(db_pool_size=3))
+    engine = app.state.services.runtime.store.engine
+    opened = 0
+
+    def counted(*_: Any) -> None:
+        nonlocal opened
+        opened += 1
+
+    sa.event.listen(engine, "connect", counted)
     before = sys.getswitchinterval()
     frozen = gc.get_freeze_count()
     try:
-        prepare_process()
+        prepare_process(app)
+        assert opened == 3 and engine.pool.checkedin() == 3
         assert sys.getswitchinterval() <= 0.001
         assert gc.get_freeze_count() >= frozen
+        with engine.connect(), engine.connect(), engine.connect():
+            pass
+        assert opened == 3, "serving opened a connection the pool should have held"
     finally:
         sys.setswitchinterval(before)
         gc.unfreeze()
+        engine.dispose()
+
+
+def test_a_commit_that_waits_for_100_continue_gets_it(served: tuple[Live, str, str]) -> None:
+    service, topic, token = served
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    path = f"/v1/vclusters/{VC}/groups/{group}/commit"
+    body = commit_body(topic, 0)
+    with service.connect() as sock:
+        assert request(sock, "POST", path, token, body).status == 204  # claimed: hot from here
+        sock.sendall(
+            (
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                f"Expect: 100-continue\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode()
+        )
+        assert read_response(sock).status == 100  # only then does the client send its body
+        sock.sendall(body)
+        assert read_response(sock).status == 204
