@@ -105,6 +105,9 @@ def broker(
         5.0, help="A follower that does not acknowledge a replicated append in this time fails."
     ),
     heartbeat_s: float = typer.Option(0.5, help="A member's heartbeat interval."),
+    orphan_scan_s: float = typer.Option(
+        30.0, help="How often the coordinator deletes members' segments they are no replica of."
+    ),
     broker_timeout_s: float = typer.Option(
         3.0, help="A member without a heartbeat for this long is out of new replica sets."
     ),
@@ -162,6 +165,7 @@ def broker(
         replica_timeout_s=replica_timeout_s,
         heartbeat_s=heartbeat_s,
         broker_timeout_s=broker_timeout_s,
+        orphan_scan_s=orphan_scan_s,
     )
     run_broker(config, log_level)
 

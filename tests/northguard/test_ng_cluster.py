@@ -73,6 +73,23 @@ def three_brokers(tmp_path: Path) -> Iterator[list[NorthguardProcess]]:
 
 
 @pytest.fixture
+def clusters(tmp_path: Path) -> Iterator[Callable[..., list[NorthguardProcess]]]:
+    """Start clusters of this test (``start_northguard_cluster`` arguments); all stopped after."""
+    started: list[NorthguardProcess] = []
+
+    def start(count: int, **arguments: Any) -> list[NorthguardProcess]:
+        processes = start_northguard_cluster(
+            tmp_path / f"cluster-{len(started)}", count, **arguments
+        )
+        started.extend(processes)
+        return processes
+
+    yield start
+    for process in reversed(started):
+        process.stop()
+
+
+@pytest.fixture
 def four_brokers(tmp_path: Path) -> Iterator[list[NorthguardProcess]]:
     processes = start_northguard_cluster(
         tmp_path, 4, replication_factor=3, extra_args=REPLICA_TIMEOUT_ARGS
@@ -470,3 +487,52 @@ async def test_a_cluster_with_a_secret_replicates_and_refuses_strangers(tmp_path
     finally:
         for process in reversed(processes):
             process.stop()
+
+
+@pytest.mark.slow
+async def test_a_follower_left_out_of_a_seal_loses_its_orphan_copy(
+    clusters: Callable[..., list[NorthguardProcess]],
+) -> None:
+    """Three brokers, a topic of replication factor 2: a SIGKILLed follower is left out of the
+    seal, the segment is healed onto the third broker, and once the follower is back its stale
+    copy (still active in its store) is deleted by the coordinator's orphan scan."""
+    processes = clusters(
+        3, replication_factor=1, extra_args=[*REPLICA_TIMEOUT_ARGS, "--orphan-scan-s", "0.3"]
+    )
+    coordinator = processes[0]
+    backend = backend_for(coordinator.url, request_timeout_s="60")
+    try:
+        await backend.create_topic("orphans", shard_ranges(1), {"replication.factor": "2"})
+        producer = backend.producer("orphans", ProducerOptions(linger_ms=0, request_timeout_s=60))
+        assert await producer.send(0, [Record(value=b"a%d" % i) for i in range(20)]) == list(
+            range(20)
+        )
+        [segment] = request(coordinator, "segment_metadata", name="orphans", range_id=1)["segments"]
+        victim_id = segment["replicas"][1]
+        victim = next(p for p in processes if p.name.endswith(f" {victim_id}"))
+        victim.kill()
+        assert await producer.send(0, [Record(value=b"b")]) == [20]  # on a new segment
+    finally:
+        await backend.close()
+
+    def healed() -> bool:
+        meta = request(coordinator, "segment_metadata", name="orphans", range_id=1)
+        first = meta["segments"][0]
+        return first["state"] == "sealed" and len(first["replicas"]) == 2
+
+    wait_until(healed, "the sealed segment's second replica", 60)
+    victim.restart()
+
+    def gone() -> bool:
+        try:
+            request(victim, "replica_checksum", segment_id=segment["segment_id"])
+        except XinfraError as error:
+            return error.code == "not_found"
+        return False
+
+    wait_until(gone, "the orphan copy's deletion on the restarted follower", 60)
+    assert broker_metrics(coordinator)["northguard_orphan_segments_deleted_total"] >= 1
+    first = request(coordinator, "segment_metadata", name="orphans", range_id=1)["segments"][0]
+    assert victim_id not in first["replicas"]
+    live = [p for p in processes if p is not victim]
+    assert len(set(checksums(live, first).values())) == 1

@@ -149,6 +149,8 @@ class CoordinatorConfig:
     overrides it)."""
     replica_timeout_s: float = REPLICA_TIMEOUT_S
     broker_timeout_s: float = BROKER_TIMEOUT_S
+    orphan_scan_s: float = 30.0
+    """How often the coordinator lists each live member's segments to delete orphans."""
     member: bool = False
     """A member broker: no metadata of its own, requests forwarded to the coordinator."""
     cluster: bool = False
@@ -194,6 +196,11 @@ class Coordinator:
         self.forward: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._healing: set[str] = set()  # segment ids being re-replicated
+        self._opening: set[str] = set()  # segment ids created on replicas, op not yet written
+        self._orphans_seen: dict[str, set[str]] = {}  # by broker: orphans of the last scan
+        self._orphan_scan: asyncio.Task[None] | None = None
+        self._orphan_scanned_s = 0.0
+        self.orphans_deleted = 0
         self._load_cache: dict[str, list[int]] | None = None
         self._load_cached_s = 0.0
         self._unfenced: set[int] = set()  # ranges whose replicated active segment a restart left
@@ -524,11 +531,13 @@ class Coordinator:
                 segment_id += f"-{attempt}"
             start_offset = range_log.committed
             await self._store.create_segment(segment_id, start_offset)
+            self._opening.add(segment_id)
             try:
                 replicator = await self._open_followers(
                     range_log, segment_id, start_offset, replicas[1:]
                 )
             except XinfraError as error:
+                self._opening.discard(segment_id)
                 failure = error
                 await self._delete_everywhere([segment_id], replicas)
                 continue
@@ -549,6 +558,8 @@ class Coordinator:
                     replicator.close_streams()
                 await self._delete_everywhere([segment_id], replicas)
                 raise
+            finally:
+                self._opening.discard(segment_id)
             range_log.replicator = replicator
             self._placed(replicas)
             if replicator is not None and replicator.failed:  # failed while the op was written
@@ -1117,6 +1128,50 @@ class Coordinator:
             self._spawn(self._heal_one(segment.segment_id, target))
         self.under_replicated = short
 
+    async def _collect_orphans(self) -> None:
+        """Delete the segments a live member holds that it is no replica of (a replica left out
+        of a seal, a copy that failed, a segment of a deleted topic the member missed).
+
+        A segment counts as an orphan only when two scans in a row found it so (and it is
+        neither being opened nor re-replicated): one being opened or copied between the
+        list and the check is never taken for one.
+        """
+        peers = self.peers
+        assert peers is not None
+        for member in list(self.membership.members.values()):
+            broker_id = member.broker_id
+            if not self.membership.is_live(broker_id):
+                continue
+            try:
+                held: list[str] = []
+                after = ""
+                while True:
+                    page = await peers.request(member.address, "replica_list", after=after)
+                    held += page["segment_ids"]
+                    if not page["more"] or not page["segment_ids"]:
+                        break
+                    after = page["segment_ids"][-1]
+            except XinfraError as error:
+                log.info("listing the segments of broker %s failed: %s", broker_id, error)
+                continue
+            orphans = set()
+            for segment_id in held:
+                if segment_id in self._opening or segment_id in self._healing:
+                    continue
+                segment = self.state.segments.get(segment_id)
+                if segment is None or broker_id not in segment.replicas:
+                    orphans.add(segment_id)
+            confirmed = orphans & self._orphans_seen.get(broker_id, set())
+            self._orphans_seen[broker_id] = orphans - confirmed
+            for segment_id in sorted(confirmed):
+                try:
+                    await peers.request(member.address, "replica_delete", segment_id=segment_id)
+                except XinfraError as error:
+                    log.info("deleting orphan %s on %s failed: %s", segment_id, broker_id, error)
+                    continue
+                self.orphans_deleted += 1
+                log.info("deleted orphan segment %s on broker %s", segment_id, broker_id)
+
     def _attributes_of(self, broker_id: str) -> dict[str, str]:
         if broker_id == self._me.broker_id:
             return dict(self._me.attributes)
@@ -1175,6 +1230,14 @@ class Coordinator:
         if self._unfenced and (self._fencing is None or self._fencing.done()):
             self._fencing = self._spawn(self._fence_restarted())
         self.heal()
+        now_s = self._runtime.monotonic_s()
+        if (
+            self.peers is not None
+            and now_s - self._orphan_scanned_s >= self.config.orphan_scan_s
+            and (self._orphan_scan is None or self._orphan_scan.done())
+        ):
+            self._orphan_scanned_s = now_s
+            self._orphan_scan = self._spawn(self._collect_orphans())
         now_ms = self._runtime.wall_ms()
         age_ms_max = self.config.segment_age_s_max * 1000
         for range_log in list(self.logs.values()):

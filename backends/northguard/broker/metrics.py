@@ -209,6 +209,11 @@ class _CoordinatorCollector(Collector):
             c.healed,
         )
         yield CounterMetricFamily(
+            "northguard_orphan_segments_deleted",
+            "Segments deleted on members that held them without being their replica",
+            c.orphans_deleted,
+        )
+        yield CounterMetricFamily(
             "northguard_replica_appends_received",
             "ReplicaAppends with records this broker stored as a follower",
             c.replicas.appends_received,

@@ -44,6 +44,7 @@ OPS = frozenset(
         "replica_delete",
         "replica_checksum",
         "replica_copy",
+        "replica_list",
         "create_policy",
         "list_policies",
         "validate_policy",
@@ -58,9 +59,12 @@ LOCAL_OPS = frozenset(
         "replica_delete",
         "replica_checksum",
         "replica_copy",
+        "replica_list",
     }
 )
 """Ops a member answers itself; it forwards every other one to the coordinator."""
+REPLICA_LIST_MAX = 10_000
+"""Segment ids per ``replica_list`` answer (under the 1 MiB control message bound)."""
 BROKER_OPS = frozenset(
     {
         "cluster_status",
@@ -71,6 +75,7 @@ BROKER_OPS = frozenset(
         "replica_delete",
         "replica_checksum",
         "replica_copy",
+        "replica_list",
         "create_policy",
     }
 )
@@ -97,6 +102,7 @@ _OPERATION_OF: dict[str, str | None] = {
     "replica_delete": ADMIN,
     "replica_checksum": ADMIN,
     "replica_copy": ADMIN,
+    "replica_list": ADMIN,
     "create_policy": ADMIN,
     "list_policies": READ,
     "validate_policy": READ,
@@ -150,6 +156,14 @@ async def _dispatch(coordinator: Coordinator, op: str, request: dict[str, Any]) 
             int_field(request, "store_bytes", default=0),
         )
         return {"coordinator": coordinator.config.broker_id}
+    if op == "replica_list":
+        after = request.get("after") or ""
+        if not isinstance(after, str):
+            raise InvalidRequest("after must be a segment id")
+        limit = int_field(request, "limit", low=1, high=REPLICA_LIST_MAX, default=REPLICA_LIST_MAX)
+        ids = sorted(info.segment_id for info in coordinator.store.segments())
+        page = [sid for sid in ids if sid > after][:limit]
+        return {"segment_ids": page, "more": bool(page) and page[-1] != ids[-1]}
     if op.startswith("replica_"):
         segment_id = str_field(request, "segment_id")
         replicas = coordinator.replicas

@@ -82,6 +82,7 @@ class BrokerConfig:
     heartbeat_s: float = HEARTBEAT_S
     broker_timeout_s: float = BROKER_TIMEOUT_S
     replica_timeout_s: float = REPLICA_TIMEOUT_S
+    orphan_scan_s: float = 30.0  # how often members' stores are checked for orphan segments
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -98,6 +99,8 @@ class BrokerConfig:
             self.cluster = True
         if min(self.heartbeat_s, self.broker_timeout_s, self.replica_timeout_s) <= 0:
             raise ValueError("heartbeat_s, broker_timeout_s and replica_timeout_s are positive")
+        if self.orphan_scan_s <= 0:
+            raise ValueError("orphan_scan_s is positive")
 
 
 class Broker:
@@ -127,6 +130,7 @@ class Broker:
                 replication_factor=config.replication_factor,
                 replica_timeout_s=config.replica_timeout_s,
                 broker_timeout_s=config.broker_timeout_s,
+                orphan_scan_s=config.orphan_scan_s,
                 member=config.coordinator is not None,
                 cluster=config.cluster,
             ),
