@@ -46,7 +46,7 @@ import gc
 import logging
 import time
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from operator import attrgetter, itemgetter
 from typing import Any
@@ -165,12 +165,20 @@ async def _open(backend: Any, piece: Slice) -> ShardReader:
 class _Cursor:
     """Where the task is in its slice, and what to do when the shard stops yielding."""
 
-    def __init__(self, piece: Slice, fail_on_data_loss: bool) -> None:
+    def __init__(
+        self,
+        piece: Slice,
+        fail_on_data_loss: bool,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.piece = piece
         self.next = piece.start
         self.fail_on_data_loss = fail_on_data_loss
         self.in_mirror = piece.mirror is not None
-        self.idle_since = time.monotonic()
+        self.clock = clock
+        self.sleep = sleep
+        self.idle_since = clock()
 
     async def poll(self, reader: ShardReader) -> list[ConsumedRecord]:
         piece = self.piece
@@ -181,12 +189,21 @@ class _Cursor:
             raw = await reader.poll(wanted, POLL_TIMEOUT_S)
         except OffsetOutOfRange:
             # Below the shard's first retained offset (retention) or past its end (records
-            # lost on the cluster): ``_idle`` decides both; a bare retry would spin on the error.
+            # lost on the cluster): ``_idle`` decides both.
+            at = self.next
             await self._idle(reader)
+            if self.next == at:
+                # Refused, yet the shard's offsets say it holds ``next`` (the listing lags the
+                # fetch that saw a deletion, or the refusal was transient).  A refusal comes back
+                # at once: wait a poll's timeout, as an empty poll would, before asking again, so
+                # this is no busy loop and the stall timeout is reached in time; re-assigning
+                # restarts a fetcher the error stopped (librdkafka's does stop).
+                reader.assign({piece.shard: self.next})
+                await self.sleep(POLL_TIMEOUT_S)
             return []
         kept = self._mirror_skipped(raw) if self.in_mirror else self._in_range(raw)
         if raw:
-            self.idle_since = time.monotonic()
+            self.idle_since = self.clock()
         elif self.next < piece.end:
             await self._idle(reader)
         return kept
@@ -248,6 +265,7 @@ class _Cursor:
             )
         log.warning("%s; skipped (failOnDataLoss is false)", message)
         self.next = min(retained, piece.end)
+        self.idle_since = self.clock()  # the cursor moved: progress, for the stall timeout
         reader.assign({piece.shard: self.next})
 
     async def _idle(self, reader: ShardReader) -> None:
@@ -268,7 +286,7 @@ class _Cursor:
             log.warning("%s; skipped (failOnDataLoss is false)", message)
             self.next = piece.end
             return
-        if time.monotonic() - self.idle_since > STALL_S_MAX:
+        if self.clock() - self.idle_since > STALL_S_MAX:
             raise Timeout(
                 f"{piece.topic!r} epoch {piece.epoch} shard {piece.shard} yielded nothing for "
                 f"{STALL_S_MAX:.0f} s at offset {self.next} (planned end {piece.end}, high "
