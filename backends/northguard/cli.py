@@ -105,6 +105,13 @@ def broker(
         5.0, help="A follower that does not acknowledge a replicated append in this time fails."
     ),
     heartbeat_s: float = typer.Option(0.5, help="A member's heartbeat interval."),
+    peer_tls_ca: Annotated[
+        Path | None,
+        typer.Option(
+            help="PEM CA the other brokers' certificates are checked against, when the client "
+            "port speaks TLS (brokers talk to each other over it). Default: the system's."
+        ),
+    ] = None,
     orphan_scan_s: float = typer.Option(
         30.0, help="How often the coordinator deletes members' segments they are no replica of."
     ),
@@ -166,6 +173,7 @@ def broker(
         heartbeat_s=heartbeat_s,
         broker_timeout_s=broker_timeout_s,
         orphan_scan_s=orphan_scan_s,
+        peer_tls_ca=peer_tls_ca,
     )
     run_broker(config, log_level)
 

@@ -102,16 +102,20 @@ def start_northguard_cluster(
     attributes: list[dict[str, str]] | None = None,
     extra_args: list[str] | None = None,
     secret: str | None = None,
+    tls: CertificateFiles | None = None,
 ) -> list[NorthguardProcess]:
     """``count`` brokers as one cluster: broker 1 the coordinator, the others members joined to
     it; the coordinator waits for the members to register before this returns, so the first
     segment already has its replica set.  Stop them with ``stop`` on each (members first)."""
     from backends.northguard.client.blocking import request_blocking
     from backends.northguard.credentials import ALL_TOPICS, OPERATIONS, sign
+    from backends.northguard.tls import CA_ATTRIBUTE, TLS_ATTRIBUTE, client_context
 
     first_port = free_port()
     address = f"127.0.0.1:{first_port}"
     common = [*(extra_args or []), "--replication-factor", str(replication_factor)]
+    if tls is not None:
+        common += ["--peer-tls-ca", str(tls.ca)]
     processes: list[NorthguardProcess] = []
     try:
         for index in range(count):
@@ -126,6 +130,7 @@ def start_northguard_cluster(
                     extra_args=args,
                     log_path=run_dir / f"northguard-{broker_id}.log",
                     secret=secret,
+                    tls=tls,
                 )
             )
         credential = (
@@ -133,9 +138,16 @@ def start_northguard_cluster(
             if secret is None
             else sign(secret.encode(), "launcher", ALL_TOPICS, OPERATIONS, START_TIMEOUT_S)
         )
+        tls_context = (
+            None
+            if tls is None
+            else client_context({TLS_ATTRIBUTE: "true", CA_ATTRIBUTE: str(tls.ca)})
+        )
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
-            status = request_blocking(address, "cluster_status", 10.0, credential=credential)
+            status = request_blocking(
+                address, "cluster_status", 10.0, credential=credential, tls_context=tls_context
+            )
             if sum(1 for b in status["brokers"] if b["live"]) == count:
                 break
             if time.monotonic() > deadline:

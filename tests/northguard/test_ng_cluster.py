@@ -25,9 +25,10 @@ import pytest
 from ng_harness import WAIT_S, backend_for, broker_metrics, read_until
 from typer.testing import CliRunner
 
-from backends.northguard import cli, credentials
+from backends.northguard import cli, credentials, tls
 from backends.northguard.client.blocking import request_blocking
 from backends.northguard.launcher import NorthguardProcess, start_northguard_cluster
+from backends.northguard.tls import make_test_certificates
 from xinfra.backend import ProducerOptions
 from xinfra.errors import XinfraError
 from xinfra.keyspace import shard_ranges
@@ -536,3 +537,38 @@ async def test_a_follower_left_out_of_a_seal_loses_its_orphan_copy(
     assert victim_id not in first["replicas"]
     live = [p for p in processes if p is not victim]
     assert len(set(checksums(live, first).values())) == 1
+
+
+async def test_a_tls_cluster_replicates_over_tls(
+    clusters: Callable[..., list[NorthguardProcess]], tmp_path: Path
+) -> None:
+    """Brokers whose client port speaks TLS talk to each other over TLS too (checking the
+    peers' certificates against --peer-tls-ca): a TLS client's records reach three replicas."""
+    files = make_test_certificates(tmp_path / "certs")
+    processes = clusters(3, replication_factor=3, tls=files)
+    backend = backend_for(
+        processes[1].url, **{tls.TLS_ATTRIBUTE: "true", tls.CA_ATTRIBUTE: str(files.ca)}
+    )
+    try:
+        await backend.create_topic("encrypted", shard_ranges(1))
+        producer = backend.producer("encrypted", ProducerOptions(linger_ms=0))
+        assert await producer.send(0, [Record(value=b"s%d" % i) for i in range(30)]) == list(
+            range(30)
+        )
+        reader = backend.reader("encrypted")
+        reader.assign({0: 0})
+        assert len(await read_until(reader, 30)) == 30
+        await reader.close()
+    finally:
+        await backend.close()
+    context = tls.client_context({tls.TLS_ATTRIBUTE: "true", tls.CA_ATTRIBUTE: str(files.ca)})
+    meta = request_blocking(
+        processes[0].url,
+        "seal_segment",
+        WAIT_S,
+        tls_context=context,
+        name="encrypted",
+        range_id=1,
+    )
+    [segment] = meta["segments"]
+    assert sorted(segment["replicas"]) == ["1", "2", "3"] and segment["end_offset"] == 30

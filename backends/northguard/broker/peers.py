@@ -4,8 +4,9 @@ A broker talks to its peers with the client protocol (``ClientConnection``):
 unary requests (``register_broker``, ``replica_create``, ``replica_fence``,
 ``replica_seal``, a proxied metadata request) and replica streams.  With a
 cluster secret, a broker signs itself an admin credential with it (peers are
-brokers of the same cluster).  Peer connections are plaintext today: a
-cluster whose client port speaks TLS cannot replicate yet.
+brokers of the same cluster).  When the brokers' client port speaks TLS,
+peer connections do too, verifying the peer's certificate against the
+broker's ``peer_tls_ca`` (else the system's trust store).
 
 A failed connection is replaced at the next use; ``close`` ends them all.
 Bounds: one connection per address, ``PEERS_MAX`` addresses.
@@ -14,6 +15,7 @@ Bounds: one connection per address, ``PEERS_MAX`` addresses.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from typing import Any
 
@@ -28,9 +30,15 @@ PEER_CREDENTIAL_TTL_S = 900.0
 
 class PeerPool:
     def __init__(
-        self, runtime: Runtime, broker_id: str, secret: bytes | None, timeout_s: float
+        self,
+        runtime: Runtime,
+        broker_id: str,
+        secret: bytes | None,
+        timeout_s: float,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         self._runtime = runtime
+        self._tls_context = tls_context
         self._broker_id = broker_id
         self._secret = secret
         self.timeout_s = timeout_s
@@ -67,6 +75,7 @@ class PeerPool:
                     address,
                     self.timeout_s,
                     credential_source=self._credential_source,
+                    tls_context=self._tls_context,
                 )
             )
             self._opening[address] = opening

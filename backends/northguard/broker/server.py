@@ -46,7 +46,7 @@ from backends.northguard.credentials import SECRET_ENV
 from backends.northguard.protocol import FRAME_BYTES_MAX
 from backends.northguard.runtime import RealRuntime, Runtime
 from backends.northguard.store import FpsStore, MemoryStore, SegmentStore
-from backends.northguard.tls import server_context
+from backends.northguard.tls import CA_ATTRIBUTE, TLS_ATTRIBUTE, client_context, server_context
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,7 @@ class BrokerConfig:
     broker_timeout_s: float = BROKER_TIMEOUT_S
     replica_timeout_s: float = REPLICA_TIMEOUT_S
     orphan_scan_s: float = 30.0  # how often members' stores are checked for orphan segments
+    peer_tls_ca: Path | None = None  # CA of the peers' certificates (TLS ports); None: system's
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -137,8 +138,16 @@ class Broker:
         )
         self.peers: PeerPool | None = None
         if config.cluster:
+            peer_tls = None
+            if config.tls_cert is not None:  # the peers' ports speak TLS like this one
+                peer_tls = client_context(
+                    {
+                        TLS_ATTRIBUTE: "true",
+                        CA_ATTRIBUTE: "" if config.peer_tls_ca is None else str(config.peer_tls_ca),
+                    }
+                )
             self.peers = PeerPool(
-                self.runtime, config.broker_id, config.secret, config.replica_timeout_s
+                self.runtime, config.broker_id, config.secret, config.replica_timeout_s, peer_tls
             )
             self.coordinator.peers = self.peers
         self._heartbeat_task: asyncio.Task[None] | None = None
