@@ -1,8 +1,9 @@
 """Executor side: read one slice through the backend interface, as Arrow record batches.
 
-A task opens the backend of the slice's cluster (``xinfra.backend.open_backend``,
-found through the ``xinfra.backends`` entry points), reads the shard from
-``start`` and stops at ``end``; it never calls the metadata service.  Each
+A task reads the shard from ``start`` and stops at ``end`` through the
+backend of the slice's cluster (``xinfra.backend.open_backend``, found
+through the ``xinfra.backends`` entry points), kept open between the slices
+a Spark worker reads (``reader_pool``); it never calls the metadata service.  Each
 poll becomes one Arrow batch (columns built from the poll's records in one
 pass each, no Python object per row beyond the backend's record tuple), so
 Spark receives columns, not rows.
@@ -49,15 +50,15 @@ from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from operator import attrgetter, itemgetter
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from clients.spark.plan import Slice
-from xinfra.backend import ShardReader, open_backend
+from clients.spark.reader_pool import ReaderPool, private_lease
+from xinfra.backend import ShardReader
 from xinfra.errors import OffsetOutOfRange, Timeout
-from xinfra.model import ConsumedRecord, PhysicalCluster, mirrored_position
+from xinfra.model import ConsumedRecord, mirrored_position
 
 log = logging.getLogger(__name__)
 
@@ -106,25 +107,30 @@ def freeze_worker_heap() -> None:
 
 
 def read_slice(
-    piece: Slice, include_headers: bool, fail_on_data_loss: bool
+    piece: Slice,
+    include_headers: bool,
+    fail_on_data_loss: bool,
+    pool: ReaderPool | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """The records of ``piece`` as Arrow batches; runs its own event loop on the task's thread."""
-    loop = asyncio.new_event_loop()
-    columns = _Columns(piece, include_headers)
+    """The records of ``piece`` as Arrow batches, read on the task's thread.
+
+    With a ``pool`` (Spark's ``read`` passes its worker's), the reader comes
+    from it and goes back to it once the slice is read to its end; without,
+    the read opens and closes its own event loop, backend and reader.
+    """
+    lease = pool.lease(piece) if pool is not None else private_lease(piece)
+    reusable = False
     try:
-        backend = open_backend(PhysicalCluster.model_validate_json(piece.cluster))
-        reader = loop.run_until_complete(_open(backend, piece))
-        try:
-            cursor = _Cursor(piece, fail_on_data_loss)
-            while cursor.next < piece.end:
-                batch = _next_batch(loop, cursor, reader, columns)
-                if batch is not None:
-                    yield batch
-        finally:
-            loop.run_until_complete(reader.close())
-            loop.run_until_complete(backend.close())
+        columns = _Columns(piece, include_headers)
+        lease.reader.assign({piece.shard: piece.start})
+        cursor = _Cursor(piece, fail_on_data_loss)
+        while cursor.next < piece.end:
+            batch = _next_batch(lease.loop, cursor, lease.reader, columns)
+            if batch is not None:
+                yield batch
+        reusable = True
     finally:
-        loop.close()
+        lease.release(reusable)
 
 
 def _next_batch(
@@ -154,12 +160,6 @@ class _Paused:
 
     def __exit__(self, *_exc: object) -> None:
         gc.enable()
-
-
-async def _open(backend: Any, piece: Slice) -> ShardReader:
-    reader: ShardReader = backend.reader(piece.physical_topic)
-    reader.assign({piece.shard: piece.start})
-    return reader
 
 
 class _Cursor:

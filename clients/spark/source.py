@@ -46,6 +46,7 @@ from clients.spark.plan import (
     offsets_to_json,
 )
 from clients.spark.read import freeze_worker_heap, read_slice
+from clients.spark.reader_pool import WORKER_POOL
 from clients.spark.write import XinfraWriter, check_schema
 from clients.sync import LoopThread
 from xinfra.errors import InvalidRequest
@@ -115,7 +116,7 @@ def _read(partition: InputPartition, options: SourceOptions) -> Iterator[Any]:
         return iter(())
     assert isinstance(piece, Slice)
     freeze_worker_heap()
-    return read_slice(piece, options.include_headers, options.fail_on_data_loss)
+    return read_slice(piece, options.include_headers, options.fail_on_data_loss, WORKER_POOL)
 
 
 class XinfraDataSource(DataSource):

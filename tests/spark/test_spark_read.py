@@ -12,11 +12,13 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from backends.northguard.launcher import start_northguard
 from clients.spark.plan import Slice
 from clients.spark.read import read_slice
+from clients.spark.reader_pool import ReaderPool
 from xinfra.backend import open_backend
 from xinfra.errors import OffsetOutOfRange
 from xinfra.keyspace import shard_ranges
@@ -114,3 +116,34 @@ def test_the_collector_is_paused_only_inside_a_poll(
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def _offsets(batches: Iterator[pa.RecordBatch]) -> list[int]:
+    return [offset for batch in batches for offset in batch.column("offset").to_pylist()]
+
+
+def test_a_worker_pool_reuses_one_reader_for_the_slices_of_a_topic(
+    short_topic: tuple[PhysicalCluster, str],
+) -> None:
+    """Slices read one after the other through a pool share its reader (re-assigned each time);
+    two read at once (interleaved in one thread) get their own; a slice that fails or is left
+    unfinished closes its reader instead of returning it."""
+    cluster, topic = short_topic
+    pool = ReaderPool()
+    try:
+        assert _offsets(read_slice(_slice(cluster, topic, 0, 3), False, True, pool)) == [0, 1, 2]
+        assert _offsets(read_slice(_slice(cluster, topic, 2, 5), False, True, pool)) == [2, 3, 4]
+        assert pool.opened == 1
+        first = read_slice(_slice(cluster, topic, 0, 2), False, True, pool)
+        second = read_slice(_slice(cluster, topic, 3, 5), False, True, pool)
+        assert list(zip(_offsets(first), _offsets(second), strict=True)) == [(0, 3), (1, 4)]
+        assert pool.opened == 1  # the second, finding the pool held, opened and closed its own
+        with pytest.raises(OffsetOutOfRange):
+            list(read_slice(_slice(cluster, topic, 10, 20), False, True, pool))
+        abandoned = read_slice(_slice(cluster, topic, 0, 5), False, True, pool)
+        next(abandoned)
+        abandoned.close()
+        assert _offsets(read_slice(_slice(cluster, topic, 4, 5), False, True, pool)) == [4]
+        assert pool.opened == 3
+    finally:
+        pool.close()
