@@ -37,6 +37,7 @@ from uvicorn.protocols.http.httptools_impl import (
     HttpToolsProtocol,
     RequestResponseCycle,
 )
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from metadata_service.config import ServiceConfig
 from metadata_service.hot_routes import HotRequest, HotRoutes
@@ -123,7 +124,8 @@ class GuardedHttpToolsProtocol(_HeadTimer, HttpToolsProtocol):
     answered at the end of its body, or handed to the app then as uvicorn would have: its
     request cycle, body included, is the one uvicorn built.  Its reply is written as uvicorn
     writes one (its default headers, ``connection: close`` when not keeping alive) and ends
-    the cycle the same way, so keep-alive, pipelining and graceful shutdown are unchanged.
+    the cycle the same way (access-logged as uvicorn logs it), so keep-alive, pipelining
+    and graceful shutdown are unchanged.
     """
 
     connections_max: int = 1000
@@ -203,6 +205,15 @@ class GuardedHttpToolsProtocol(_HeadTimer, HttpToolsProtocol):
         if cycle.disconnected or cycle.response_complete:
             return
         cycle.response_started = True
+        if cycle.access_log:
+            cycle.access_logger.info(
+                '%s - "%s %s HTTP/%s" %d',
+                get_client_addr(cycle.scope),
+                cycle.scope["method"],
+                get_path_with_query_string(cycle.scope),
+                cycle.scope["http_version"],
+                reply.status,
+            )
         content = [STATUS_LINE[reply.status]]
         for name, value in (*cycle.default_headers, *reply.headers):
             content.extend((name, b": ", value, b"\r\n"))

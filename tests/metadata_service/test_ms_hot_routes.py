@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import socket
 import sys
 import threading
@@ -378,3 +379,35 @@ def test_a_commit_that_waits_for_100_continue_gets_it(served: tuple[Live, str, s
         assert read_response(sock).status == 100  # only then does the client send its body
         sock.sendall(body)
         assert read_response(sock).status == 204
+
+
+def test_hot_answers_are_access_logged_as_uvicorn_logs_them(
+    served: tuple[Live, str, str],
+) -> None:
+    service, topic, token = served
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    handler = Collect()
+    access = logging.getLogger("uvicorn.access")
+    level = access.level
+    access.addHandler(handler)
+    access.setLevel(logging.INFO)
+    try:
+        group = f"g-{uuid.uuid4().hex[:6]}"
+        read = f"/v1/vclusters/{VC}/topics/{topic}/metadata"
+        commit = f"/v1/vclusters/{VC}/groups/{group}/commit"
+        with service.connect() as sock:
+            assert request(sock, "POST", commit, token, commit_body(topic, 0)).status == 204
+            seen = len(service.counting.requests)
+            assert request(sock, "GET", read, token).status == 200
+            assert request(sock, "POST", commit, token, commit_body(topic, 1)).status == 204
+            assert len(service.counting.requests) == seen
+    finally:
+        access.removeHandler(handler)
+        access.setLevel(level)
+    assert any(f'"GET {read} HTTP/1.1" 200' in line for line in lines), lines
+    assert sum(f'"POST {commit} HTTP/1.1" 204' in line for line in lines) == 2, lines
