@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ng_harness import WAIT_S, backend_for, broker_metrics, read_until
+from ng_harness import WAIT_S, RawClient, backend_for, broker_metrics, read_until
 from typer.testing import CliRunner
 
-from backends.northguard import cli, credentials, tls
+from backends.northguard import cli, credentials, protocol, tls
 from backends.northguard.client.blocking import request_blocking
 from backends.northguard.launcher import NorthguardProcess, start_northguard_cluster
+from backends.northguard.protocol import MsgType
 from backends.northguard.tls import make_test_certificates
 from xinfra.backend import ProducerOptions
 from xinfra.errors import XinfraError
@@ -101,6 +102,18 @@ def four_brokers(tmp_path: Path) -> Iterator[list[NorthguardProcess]]:
 
 
 def test_members_register_with_their_attributes(three_brokers: list[NorthguardProcess]) -> None:
+    raw = RawClient(three_brokers[1].url)  # a member leads nothing: a clear, retriable error
+    try:
+        raw.send(
+            protocol.encode_json(
+                MsgType.PRODUCE_OPEN, 5, {"topic": "t", "range_id": 1, "producer_id": 1}
+            )
+        )
+        answer = raw.receive()
+        assert answer is not None and answer.type is MsgType.STREAM_ERROR
+        assert protocol.decode_json(answer.body)[1]["error"]["code"] == "not_leader"
+    finally:
+        raw.close()
     for process in three_brokers:  # any broker answers: a member forwards to the coordinator
         status = request(process, "cluster_status")
         assert status["coordinator"] == "1"

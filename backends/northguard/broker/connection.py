@@ -48,6 +48,7 @@ from backends.northguard.protocol import MsgType
 from xinfra.errors import (
     Backpressure,
     InvalidRequest,
+    NotLeader,
     OffsetOutOfRange,
     ProtocolError,
     StorageError,
@@ -304,9 +305,18 @@ class BrokerConnection:
                 )
             )
 
+    def _not_leader(self) -> None:
+        """A member leads no range (the coordinator leads them all in this release)."""
+        if self._coordinator.config.member:
+            raise NotLeader(
+                f"broker {self._coordinator.config.broker_id} leads no range; stream to the "
+                "leader topic metadata names (leader_address)"
+            )
+
     def _open_produce(self, stream_id: int, payload: dict[str, Any]) -> None:
         topic, range_id = str_field(payload, "topic"), int_field(payload, "range_id")
         self._authorize(WRITE, topic)
+        self._not_leader()
         window = int_field(payload, "window_bytes", low=1, default=PRODUCE_WINDOW_BYTES_MAX)
         window = min(window, PRODUCE_WINDOW_BYTES_MAX)
         producer_id = int_field(payload, "producer_id")
@@ -353,6 +363,7 @@ class BrokerConnection:
     def _open_consume(self, stream_id: int, payload: dict[str, Any]) -> None:
         topic, range_id = str_field(payload, "topic"), int_field(payload, "range_id")
         self._authorize(READ, topic)
+        self._not_leader()
         offset = int_field(payload, "offset", high=(1 << 63) - 1)
         window = int_field(payload, "window_bytes", low=1, high=protocol.CONSUME_WINDOW_BYTES_MAX)
         range_log = self._coordinator.range_log(topic, range_id)
