@@ -45,6 +45,7 @@ import asyncio
 import functools
 import gc
 import logging
+import sys
 import time
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterator
@@ -94,14 +95,20 @@ _worker_heap_frozen = False
 def freeze_worker_heap() -> None:
     """Once per process: collect, then ``gc.freeze()`` what is alive (module docstring: why).
 
-    For Spark's Python workers only, where this source's read is what the
-    process is for.  What it keeps beyond its time: objects alive at the
-    first call that die later inside a reference cycle, once per worker.
+    Only in a process Spark started for Python work (its ``__main__`` is
+    ``pyspark.daemon`` or a ``pyspark`` worker module): the executors' workers
+    and the planner's (Spark's daemon collects after each of their calls too),
+    never an application's own process.  What it keeps beyond its time:
+    objects alive at the first call that die later inside a reference cycle,
+    once per worker.
     """
     global _worker_heap_frozen
     if _worker_heap_frozen:
         return
     _worker_heap_frozen = True
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if main is None or not main.name.startswith("pyspark."):
+        return
     gc.collect()
     gc.freeze()
 

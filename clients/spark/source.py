@@ -127,9 +127,11 @@ class XinfraDataSource(DataSource):
         return "xinfra"
 
     def _options(self, streaming: bool) -> SourceOptions:
+        freeze_worker_heap()  # a planner's worker: Spark's daemon collects after each call
         return parse_options(dict(self.options), streaming)
 
     def schema(self) -> str:
+        freeze_worker_heap()
         return schema_ddl(include_headers(dict(self.options)))
 
     def reader(self, schema: StructType) -> DataSourceReader:

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 
 from backends.northguard.launcher import start_northguard
+from clients.spark import read as spark_read
 from clients.spark.plan import Slice
 from clients.spark.read import read_slice
 from clients.spark.reader_pool import ReaderPool
@@ -147,3 +148,13 @@ def test_a_worker_pool_reuses_one_reader_for_the_slices_of_a_topic(
         assert pool.opened == 3
     finally:
         pool.close()
+
+
+def test_the_worker_heap_is_frozen_only_in_a_process_spark_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An application's own process (here pytest's) keeps its collector as it was."""
+    monkeypatch.setattr(spark_read, "_worker_heap_frozen", False)
+    frozen = gc.get_freeze_count()
+    spark_read.freeze_worker_heap()
+    assert gc.get_freeze_count() == frozen
