@@ -12,6 +12,11 @@ Promises:
 
 * **Per-shard order**, also across retries: each (topic, shard) has one batch
   in flight at a time, and a failed batch is retried before the next is sent.
+  During dual writes that holds on the source; the target's copies follow in
+  the same order, pipelined: batch N+1 goes to the source while batch N's
+  copy is in flight to the target (at most ``MIRROR_BATCHES_IN_FLIGHT_MAX``).
+  A copy that fails is re-sent, with every copy issued after it, before any
+  new one, and a record is acknowledged only once every copy is durable.
 * **At least once**: a retried batch may be stored twice (the backend said it
   may or may not have it); the SDK never drops one it was not told failed.
 * **Bounded memory**: at most ``buffer_bytes_max`` payload bytes wait; ``send``
@@ -30,6 +35,7 @@ import bisect
 import contextlib
 import itertools
 import logging
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from itertools import repeat
@@ -57,6 +63,11 @@ log = logging.getLogger(__name__)
 RECORD_OVERHEAD_BYTES = 64
 """Memory a queued record costs beyond its payload (future, slots, list entry): counted against
 ``buffer_bytes_max`` so that a flood of empty records is bounded too."""
+
+
+MIRROR_BATCHES_IN_FLIGHT_MAX = 8
+"""Per (topic, shard) during dual writes: batches whose source write is acknowledged and whose
+target writes are still in flight.  Past it the next batch waits (the buffer bounds memory too)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +206,48 @@ class _BatchCall:
 _Sink = asyncio.Future[Position] | _Chunk
 
 
+class _Flight:
+    """A batch whose first write epoch acknowledged it, with its later writes (the mirror) in flight.
+
+    The shard's sender issues those writes and goes on to the next batch; the
+    shard's resolver takes the flights in order and resolves each batch's
+    records once every one of its writes is acknowledged.  ``settled``: the
+    sender already resolved (or failed) the batch; only its place in the
+    order remains, so that a shard's batches complete in order.
+    """
+
+    __slots__ = (
+        "batch_bytes",
+        "deadline",
+        "done",
+        "first",
+        "records",
+        "settled",
+        "sinks",
+        "writes",
+    )
+
+    def __init__(
+        self,
+        records: list[Record],
+        sinks: list[_Sink],
+        batch_bytes: int,
+        deadline: float,
+        first: tuple[int, list[int]] | None = None,
+        done: set[int] | None = None,
+        settled: bool = False,
+    ) -> None:
+        self.records = records
+        self.sinks = sinks
+        self.batch_bytes = batch_bytes
+        self.deadline = deadline
+        self.first = first
+        self.done: set[int] = done if done is not None else set()
+        self.settled = settled
+        self.writes: list[tuple[int, asyncio.Future[list[int]]]] = []
+        """(epoch number, the backend's future) of each later write, in write-epoch order."""
+
+
 @dataclass
 class _ShardQueue:
     """Records waiting for one shard of one topic, and the one task that sends them.
@@ -218,6 +271,13 @@ class _ShardQueue:
     """Loop time at which the queue last went from empty to holding records: the linger clock."""
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    flights: deque[_Flight] = field(default_factory=deque)
+    """During dual writes: batches whose later writes are in flight, oldest first."""
+    flights_changed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set (and replaced) whenever a flight completes or a repair ends."""
+    repairing: bool = False
+    """The resolver re-sends failed later writes, in order: nothing new is issued meanwhile."""
+    resolver: asyncio.Task[None] | None = None
 
 
 class XinfraProducer:
@@ -245,7 +305,7 @@ class XinfraProducer:
         self._routing_tables: dict[str, tuple[int, int, list[KeyRange] | None]] = {}
         self._loop = asyncio.get_running_loop()
         self._writes_in_flight: dict[tuple[str, int], int] = {}  # (topic, version) -> count
-        self._writes_done = asyncio.Condition()
+        self._writes_ended = asyncio.Event()  # set (and replaced) when a write ends
         self._progress = asyncio.Condition()
         self._buffered_bytes = 0
         self._room_waiters = 0
@@ -555,6 +615,13 @@ class XinfraProducer:
         size, order from having one batch in flight.  As in Kafka, the linger
         clock starts when the oldest waiting record arrived: records that
         waited out a batch in flight go at once.
+
+        During dual writes "in flight" means on the first write epoch (the
+        source): once the source acknowledged a batch, its later writes (the
+        target's copy) are issued and left to the shard's resolver
+        (``_resolve_flights``), and the next batch goes to the source while
+        they are in flight.  Each cluster still receives the shard's batches
+        in order, and a record is acknowledged only once every copy is.
         """
         linger_s = self.options.linger_ms / 1000
         loop = asyncio.get_running_loop()
@@ -563,6 +630,7 @@ class XinfraProducer:
             if not queue.records:
                 queue.wakeup.clear()
                 if self._closed:
+                    await self._drain(queue)
                     return
                 continue
             full = (
@@ -582,8 +650,11 @@ class XinfraProducer:
                 self._next_sticky(queue.topic, count)
             if not queue.records:
                 queue.wakeup.clear()
+            pipelined = False
             try:
-                await self._deliver(queue.topic, queue.shard, records, sinks)
+                pipelined = await self._deliver(
+                    queue.topic, queue.shard, records, sinks, batch_bytes=batch_bytes, queue=queue
+                )
             except asyncio.CancelledError:
                 self._fail(sinks, InvalidRequest("the producer was cancelled before delivery"))
                 raise
@@ -591,10 +662,109 @@ class XinfraProducer:
                 log.exception("producer %s/%s: delivery failed", queue.topic, queue.shard)
                 self._fail(sinks, error)
             finally:
-                queue.completed += len(records)
-                await self._release(batch_bytes)
-                async with self._progress:
-                    self._progress.notify_all()
+                if not pipelined:
+                    if queue.flights:  # complete in order, after the batches still in flight
+                        flight = _Flight(records, sinks, batch_bytes, loop.time(), settled=True)
+                        self._push_flight(queue, flight)
+                    else:
+                        await self._complete(queue, len(records), batch_bytes)
+
+    async def _complete(self, queue: _ShardQueue, count: int, batch_bytes: int) -> None:
+        """A batch is acknowledged or failed: count it, free its buffer, wake ``flush``."""
+        queue.completed += count
+        await self._release(batch_bytes)
+        async with self._progress:
+            self._progress.notify_all()
+
+    def _push_flight(self, queue: _ShardQueue, flight: _Flight) -> None:
+        queue.flights.append(flight)
+        if queue.resolver is None:
+            queue.resolver = self._loop.create_task(
+                self._resolve_flights(queue), name=f"producer:{queue.topic}:{queue.shard}:mirror"
+            )
+
+    @staticmethod
+    def _flights_changed(queue: _ShardQueue) -> None:
+        changed, queue.flights_changed = queue.flights_changed, asyncio.Event()
+        changed.set()
+
+    async def _drain(self, queue: _ShardQueue, below: int = 1) -> None:
+        """Wait until fewer than ``below`` flights of the shard remain and no repair runs."""
+        while len(queue.flights) >= below or queue.repairing:
+            await queue.flights_changed.wait()
+
+    @staticmethod
+    def _in_flight_on(queue: _ShardQueue, epoch: int) -> bool:
+        """Whether a write of the shard to ``epoch`` is in flight (issued, not yet resolved)."""
+        return any(number == epoch for flight in queue.flights for number, _ in flight.writes)
+
+    async def _resolve_flights(self, queue: _ShardQueue) -> None:
+        """Complete the shard's flights in order; a failed later write is re-sent before any after.
+
+        A flight whose writes were all acknowledged resolves its records (to
+        their positions in the first write epoch).  When one failed, nothing
+        new is issued (``repairing``) until every write in flight has ended;
+        then, oldest first, each flight re-sends what failed on an epoch and
+        every later flight's write to that epoch (it was issued after the
+        failed one, so keeping it would reorder the epoch), each through the
+        serial retry loop of ``_deliver`` until its deadline.
+        """
+        try:
+            while queue.flights:
+                flight = queue.flights[0]
+                pending = [future for _, future in flight.writes if not future.done()]
+                if pending:
+                    await asyncio.wait(pending)
+                if not flight.settled and not all(_succeeded(f) for _, f in flight.writes):
+                    await self._repair(queue)
+                    continue
+                queue.flights.popleft()
+                try:
+                    if not flight.settled:
+                        assert flight.first is not None, "a flight has its first write"
+                        number, offsets = flight.first
+                        self._resolve(flight.sinks, number, queue.shard, offsets)
+                finally:
+                    await self._complete(queue, len(flight.records), flight.batch_bytes)
+                    self._flights_changed(queue)
+        finally:
+            queue.resolver = None
+
+    async def _repair(self, queue: _ShardQueue) -> None:
+        queue.repairing = True
+        try:
+            pending = [f for flight in queue.flights for _, f in flight.writes if not f.done()]
+            if pending:
+                await asyncio.wait(pending)
+            broken: set[int] = set()
+            while queue.flights:
+                flight = queue.flights[0]
+                try:
+                    if not flight.settled:
+                        for number, future in flight.writes:
+                            if not _succeeded(future) or number in broken:
+                                broken.add(number)
+                            else:
+                                flight.done.add(number)
+                        await self._deliver(
+                            queue.topic,
+                            queue.shard,
+                            flight.records,
+                            flight.sinks,
+                            batch_bytes=flight.batch_bytes,
+                            deadline=flight.deadline,
+                            first=flight.first,
+                            done=flight.done,
+                        )
+                except Exception as error:  # a bug: fail the batch loudly, keep the shard going
+                    log.exception("producer %s/%s: delivery failed", queue.topic, queue.shard)
+                    self._fail(flight.sinks, error)
+                finally:
+                    queue.flights.popleft()
+                    await self._complete(queue, len(flight.records), flight.batch_bytes)
+        finally:
+            queue.repairing = False
+            self._flights_changed(queue)
 
     def _take_batch(self, queue: _ShardQueue) -> tuple[list[Record], list[_Sink], list[int]]:
         """The oldest records up to the batch limits (always at least one)."""
@@ -614,14 +784,31 @@ class XinfraProducer:
         return taken
 
     async def _deliver(
-        self, topic: str, shard: int, records: list[Record], sinks: list[_Sink]
-    ) -> None:
-        """Write the batch to each write epoch in order, retrying what failed, until the deadline."""
+        self,
+        topic: str,
+        shard: int,
+        records: list[Record],
+        sinks: list[_Sink],
+        *,
+        batch_bytes: int = 0,
+        deadline: float | None = None,
+        first: tuple[int, list[int]] | None = None,
+        done: set[int] | None = None,
+        queue: _ShardQueue | None = None,
+    ) -> bool:
+        """Write the batch to each write epoch in order, retrying what failed, until the deadline.
+
+        ``first`` and ``done`` carry what earlier attempts achieved (a repair).
+        With ``queue`` (the sender), once the first write epoch acknowledged
+        the batch its later writes are issued without waiting: the batch
+        becomes a flight of the queue and True is returned; otherwise the
+        records are resolved or failed before this returns False.
+        """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.options.delivery_timeout_s
-        done_epochs: set[int] = set()
-        first: tuple[int, list[int]] | None = None
-        """(epoch, offsets) in the first write epoch: the positions the records resolve to."""
+        if deadline is None:
+            deadline = loop.time() + self.options.delivery_timeout_s
+        done_epochs: set[int] = done if done is not None else set()
+        # first: (epoch, offsets) in the first write epoch, the positions the records resolve to.
         backoff_s = 0.05
         while True:
             watch = self._watches[topic]
@@ -632,26 +819,40 @@ class XinfraProducer:
                     self._fail(
                         sinks, Sealed(f"topic {topic!r} is sealed: it takes no more records")
                     )
-                    return
-                for epoch in metadata.write_epochs:
-                    if epoch.number in done_epochs:
+                    return False
+                epochs = [e for e in metadata.write_epochs if e.number not in done_epochs]
+                if queue is not None and epochs:
+                    if first is not None and (
+                        queue.repairing or len(queue.flights) >= MIRROR_BATCHES_IN_FLIGHT_MAX
+                    ):
+                        await self._drain(queue, MIRROR_BATCHES_IN_FLIGHT_MAX)
+                        continue  # on the metadata current after the wait
+                    if first is None and self._in_flight_on(queue, epochs[0].number):
+                        # The epoch has copies in flight (e.g. the target, now the only write
+                        # epoch): this batch goes after them, once they are acknowledged.
+                        await self._drain(queue)
                         continue
+                    if first is not None:
+                        flight = _Flight(
+                            records, sinks, batch_bytes, deadline, first, set(done_epochs)
+                        )
+                        self._issue_flight(queue, metadata, epochs, flight)
+                        return True
+                pipelining = False
+                for epoch in epochs:
+                    if queue is not None and first is not None:
+                        pipelining = True  # the later writes: issued without waiting, below
+                        break
                     offsets = await self._write(metadata, epoch, shard, records, first)
                     done_epochs.add(epoch.number)
                     if first is None:
                         first = (epoch.number, offsets)
+                if pipelining:
+                    continue  # on the metadata current now that the first epoch has it
                 assert first is not None, "a topic always has a write epoch"
                 number, offsets = first
-                assert len(offsets) == len(sinks), "one offset per record"
-                start = 0
-                for sink, run in itertools.groupby(sinks):  # a send_batch call's records are a run
-                    end = start + len(list(run))
-                    if type(sink) is _Chunk:
-                        sink.resolve(number, shard, offsets[start:end])
-                    elif not sink.done():  # type: ignore[union-attr]
-                        sink.set_result(Position(number, shard, offsets[start]))  # type: ignore[union-attr]
-                    start = end
-                return
+                self._resolve(sinks, number, shard, offsets)
+                return False
             except Sealed:
                 # The epoch was sealed under us: the next metadata version names the new one.
                 timeout_s = deadline - loop.time()
@@ -661,14 +862,40 @@ class XinfraProducer:
             except XinfraError as error:
                 if not error.retriable or loop.time() >= deadline:
                     self._fail(sinks, error)
-                    return
+                    return False
                 delay_s = equal_jitter(backoff_s)
                 log.info("producer %s/%s: %s; retrying in %.2f s", topic, shard, error, delay_s)
                 await asyncio.sleep(delay_s)
                 backoff_s = min(backoff_s * 2, self.options.retry_backoff_s_max)
             if loop.time() >= deadline:
                 self._fail(sinks, Timeout(f"batch for {topic}/{shard} not acknowledged in time"))
-                return
+                return False
+
+    def _issue_flight(
+        self, queue: _ShardQueue, metadata: TopicMetadata, epochs: list[Epoch], flight: _Flight
+    ) -> None:
+        """Issue the flight's writes to ``epochs`` (in order, not awaited) and queue it."""
+        for epoch in epochs:
+            try:
+                future = self._issue(metadata, epoch, queue.shard, flight.records, flight.first)
+            except XinfraError as error:  # refused at once: the resolver retries it in order
+                future = self._loop.create_future()
+                future.set_exception(error)
+            flight.writes.append((epoch.number, future))
+        self._push_flight(queue, flight)
+
+    @staticmethod
+    def _resolve(sinks: list[_Sink], number: int, shard: int, offsets: list[int]) -> None:
+        """Resolve the records of a batch to their positions ``offsets`` in epoch ``number``."""
+        assert len(offsets) == len(sinks), "one offset per record"
+        start = 0
+        for sink, run in itertools.groupby(sinks):  # a send_batch call's records are a run
+            end = start + len(list(run))
+            if type(sink) is _Chunk:
+                sink.resolve(number, shard, offsets[start:end])
+            elif not sink.done():  # type: ignore[union-attr]
+                sink.set_result(Position(number, shard, offsets[start]))  # type: ignore[union-attr]
+            start = end
 
     async def _write(
         self,
@@ -679,6 +906,22 @@ class XinfraProducer:
         source: tuple[int, list[int]] | None,
     ) -> list[int]:
         """The offsets of ``records`` in ``epoch``; ``source`` is where they went in the first."""
+        return await self._issue(metadata, epoch, shard, records, source)
+
+    def _issue(
+        self,
+        metadata: TopicMetadata,
+        epoch: Epoch,
+        shard: int,
+        records: list[Record],
+        source: tuple[int, list[int]] | None,
+    ) -> asyncio.Future[list[int]]:
+        """Hand ``records`` to ``epoch``'s shard producer now; the future of their offsets.
+
+        The write counts as in flight under ``metadata.version`` from this call
+        until the future is done (``_settle``); in a mirror epoch each record
+        carries the position it got in the first write epoch (``source``).
+        """
         if source is not None and epoch.mirror_of is not None:
             source_epoch, source_offsets = source
             records = [
@@ -692,24 +935,25 @@ class XinfraProducer:
         key = (metadata.topic.name, metadata.version)
         self._writes_in_flight[key] = self._writes_in_flight.get(key, 0) + 1
         try:
-            offsets = await producer.send(shard, records)
-        finally:
-            self._writes_in_flight[key] -= 1
-            if not self._writes_in_flight[key]:
-                del self._writes_in_flight[key]
-            async with self._writes_done:
-                self._writes_done.notify_all()
-        return offsets
+            future = producer.send(shard, records)
+        except BaseException:
+            self._write_ended(key)
+            raise
+        future.add_done_callback(lambda _: self._write_ended(key))
+        return future
+
+    def _write_ended(self, key: tuple[str, int]) -> None:
+        self._writes_in_flight[key] -= 1
+        if not self._writes_in_flight[key]:
+            del self._writes_in_flight[key]
+        ended, self._writes_ended = self._writes_ended, asyncio.Event()
+        ended.set()
 
     async def _settle(self, metadata: TopicMetadata) -> None:
         """Wait until no write started under an older version of the topic is in flight."""
         topic = metadata.topic.name
-
-        def settled() -> bool:
-            return not any(t == topic and v < metadata.version for t, v in self._writes_in_flight)
-
-        async with self._writes_done:
-            await self._writes_done.wait_for(settled)
+        while any(t == topic and v < metadata.version for t, v in self._writes_in_flight):
+            await self._writes_ended.wait()
 
     @staticmethod
     def _fail(sinks: list[_Sink], error: BaseException) -> None:
@@ -744,6 +988,7 @@ class XinfraProducer:
         for queue in self._queues.values():
             queue.wakeup.set()
         tasks = [queue.task for queue in self._queues.values() if queue.task is not None]
+        tasks += [q.resolver for q in self._queues.values() if q.resolver is not None]
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         for watch in self._watches.values():
@@ -756,3 +1001,7 @@ class XinfraProducer:
 
     async def __aexit__(self, *_exc: object) -> None:
         await self.close()
+
+
+def _succeeded(future: asyncio.Future[list[int]]) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is None
