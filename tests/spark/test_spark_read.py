@@ -158,3 +158,32 @@ def test_the_worker_heap_is_frozen_only_in_a_process_spark_started(
     frozen = gc.get_freeze_count()
     spark_read.freeze_worker_heap()
     assert gc.get_freeze_count() == frozen
+
+
+@pytest.mark.timeout(180)
+def test_a_pooled_reader_reads_on_after_its_broker_restarted(tmp_path: Path) -> None:
+    """An idle pooled Northguard reader holds connections the restart broke; the next slice
+    through the pool must read all the same (Spark's local mode does not retry a task)."""
+    process = start_northguard(tmp_path)
+    cluster = PhysicalCluster(name="restarts", kind=ClusterKind.NORTHGUARD, bootstrap=process.url)
+    topic = f"spark-restart-{uuid.uuid4().hex[:8]}"
+
+    async def fill() -> None:
+        backend = open_backend(cluster)
+        try:
+            await backend.create_topic(topic, shard_ranges(1))
+            producer = backend.producer(topic)
+            await producer.send(0, [Record(b"v%d" % i) for i in range(RECORDS)])
+            await producer.close()
+        finally:
+            await backend.close()
+
+    pool = ReaderPool()
+    try:
+        asyncio.run(fill())
+        assert _offsets(read_slice(_slice(cluster, topic, 0, 3), False, True, pool)) == [0, 1, 2]
+        process.restart()
+        assert _offsets(read_slice(_slice(cluster, topic, 1, 5), False, True, pool)) == [1, 2, 3, 4]
+    finally:
+        pool.close()
+        process.stop()
