@@ -33,9 +33,14 @@ class Settings(BaseSettings):
 
     # Physical clusters of the local stack.
     kafka_bootstrap: str = "127.0.0.1:9092"
-    northguard_bootstrap: str = "127.0.0.1:9470"
-    northguard_http_port: int = 9471
-    """The local Northguard broker's health and metrics port (``/health``, ``/metrics``)."""
+    northguard_bootstrap: str = "127.0.0.1:9470,127.0.0.1:9472,127.0.0.1:9474"
+    """The local Northguard cluster: its brokers' client addresses, comma-separated, the
+    coordinator first.  ``xinfra up`` runs one broker per address as one cluster and registers
+    ``northguard-local`` with this bootstrap."""
+    northguard_http_ports: str = "9471,9473,9475"
+    """Health and metrics ports (``/health``, ``/metrics``) of those brokers, in the same order."""
+    northguard_replication_factor: int = 3
+    """Replicas of every new segment in the local Northguard cluster (at most its broker count)."""
 
     # Northguard broker defaults (DESIGN.md §3; each bound named with its unit).
     segment_bytes_max: int = 1 << 30
@@ -65,7 +70,7 @@ LOCAL_STACK_FIELDS = (
     "zookeeper",
     "kafka_bootstrap",
     "northguard_bootstrap",
-    "northguard_http_port",
+    "northguard_http_ports",
 )
 
 

@@ -1,8 +1,14 @@
 """``xinfra up``: the whole local stack in one command, supervised, stopped cleanly.
 
-The stack is ZooKeeper, the Kafka-protocol broker, the Northguard broker and
+The stack is ZooKeeper, the Kafka-protocol broker, the Northguard cluster and
 the metadata service with both clusters registered (each part as soon as its
-command is installed; ``--only`` picks some).  Every child runs in its own
+command is installed; ``--only`` picks some).  The Northguard cluster is one
+broker per address of ``XINFRA_NORTHGUARD_BOOTSTRAP`` (three by default:
+9470, 9472, 9474; health and metrics on ``XINFRA_NORTHGUARD_HTTP_PORTS``,
+9471, 9473, 9475), replication factor ``XINFRA_NORTHGUARD_REPLICATION_FACTOR``
+(3): ``northguard-0`` is the coordinator (``--cluster``), the others join it
+(``--coordinator``), each supervised as a component of its own with its data
+in ``<run_dir>/northguard/<i>``; all require the run directory's cluster secret.  Every child runs in its own
 process group, logs to ``<run_dir>/logs`` and dies with the supervisor even
 when the supervisor is SIGKILLed (``xinfra.services.process``); a child that
 dies is restarted with backoff (at most ``RESTARTS_MAX`` times).
@@ -28,6 +34,7 @@ the dependency rule of DESIGN.md §1 and runs each in a process of its own.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -84,6 +91,24 @@ def http_ok(url: str) -> bool:
         return False
 
 
+def _northguard_ready(health_url: str, coordinator_metrics_url: str, live_brokers: int) -> bool:
+    """A broker answers its health check and the coordinator counts at least ``live_brokers``
+    brokers live (a member that started is registered before the next starts, so the cluster
+    places three replicas from its first segment on)."""
+    if not http_ok(health_url):
+        return False
+    if live_brokers <= 1:
+        return True
+    try:
+        metrics = httpx.get(coordinator_metrics_url, timeout=1.0).text
+    except httpx.HTTPError:
+        return False
+    for line in metrics.splitlines():
+        if line.startswith("northguard_live_brokers "):
+            return float(line.split()[1]) >= live_brokers
+    return False
+
+
 @dataclass
 class Component:
     """One supervised part of the stack: how to start it, how to tell it is healthy."""
@@ -97,6 +122,8 @@ class Component:
     address: str
     """The ``host:port`` it listens on (what must be free, or be this component)."""
     extra: dict[str, str] = field(default_factory=dict)
+    also_listens: str | None = None
+    """Another ``host:port`` it listens on (a health port), which must be free too."""
     process: ManagedProcess | None = None
     restarts: int = 0
     reused: bool = False
@@ -197,40 +224,7 @@ class LocalStack:
             ),
         ]
         if "northguard" in self.installed_commands:
-            ng_host, ng_port = split_host_port(s.northguard_bootstrap, 9470)
-            http_url = f"http://{ng_host}:{s.northguard_http_port}"
-            components.append(
-                Component(
-                    "northguard-0",
-                    "northguard",
-                    s.northguard_bootstrap,
-                    lambda: self._spawn(
-                        "northguard-0",
-                        _xinfra_argv(
-                            "northguard",
-                            "broker",
-                            "--id",
-                            "0",
-                            "--host",
-                            ng_host,
-                            "--port",
-                            str(ng_port),
-                            "--http-port",
-                            str(s.northguard_http_port),
-                            "--data-dir",
-                            str(self.run_dir / "northguard" / "0"),
-                            "--attr",
-                            "rack=r0",
-                            "--secret-file",
-                            str(self.northguard_secret_file()),
-                        ),
-                        lambda: http_ok(f"{http_url}/health"),
-                    ),
-                    {"kind": "http", "target": f"{http_url}/health"},
-                    s.northguard_bootstrap,
-                    {"health_url": f"{http_url}/health", "metrics_url": f"{http_url}/metrics"},
-                )
-            )
+            components += self._northguard_plan()
         if "serve" in self.installed_commands:
             host, port = split_host_port(s.metadata_url.removeprefix("http://"), 8780)
             components.append(
@@ -251,6 +245,106 @@ class LocalStack:
         if self.only is not None:
             components = [c for c in components if c.kind in self.only]
         return components
+
+    def northguard_brokers(self) -> list[tuple[str, int, int]]:
+        """The local Northguard cluster's brokers: (host, client port, health port) each, the
+        coordinator first; ``ServiceError`` naming the settings when they do not fit together."""
+        s = self.settings
+        addresses = [a.strip() for a in s.northguard_bootstrap.split(",") if a.strip()]
+        http_ports = [p.strip() for p in s.northguard_http_ports.split(",") if p.strip()]
+        if (
+            not addresses
+            or len(http_ports) != len(addresses)
+            or not all(p.isdigit() for p in http_ports)
+        ):
+            raise ServiceError(
+                f"XINFRA_NORTHGUARD_BOOTSTRAP names {len(addresses)} broker(s) "
+                f"({s.northguard_bootstrap!r}) and XINFRA_NORTHGUARD_HTTP_PORTS "
+                f"{s.northguard_http_ports!r}: give one health port per broker, in the same order"
+            )
+        if not 1 <= s.northguard_replication_factor <= len(addresses):
+            raise ServiceError(
+                f"XINFRA_NORTHGUARD_REPLICATION_FACTOR={s.northguard_replication_factor} needs "
+                f"at least as many brokers, and XINFRA_NORTHGUARD_BOOTSTRAP names {len(addresses)}"
+            )
+        brokers = []
+        for address, http_port in zip(addresses, http_ports, strict=True):
+            host, port = split_host_port(address, 9470)
+            brokers.append((host, port, int(http_port)))
+        return brokers
+
+    def _northguard_plan(self) -> list[Component]:
+        """One component per broker of the local Northguard cluster: broker 0 (the first
+        address) is the coordinator (``--cluster``), the others join it (``--coordinator``);
+        broker ``i`` keeps its data in ``<run_dir>/northguard/<i>`` (broker 0's is where the
+        single broker of earlier stacks kept its data, so an old run directory's topics stay
+        readable: the coordinator owns that metadata and leads every segment)."""
+        brokers = self.northguard_brokers()
+        coordinator = f"{brokers[0][0]}:{brokers[0][1]}"
+        coordinator_metrics = f"http://{brokers[0][0]}:{brokers[0][2]}/metrics"
+        components = []
+        for index, (host, port, http_port) in enumerate(brokers):
+            name = f"northguard-{index}"
+            address = f"{host}:{port}"
+            http_url = f"http://{host}:{http_port}"
+            data_dir = self.run_dir / "northguard" / str(index)
+            role = ["--cluster"] if index == 0 else ["--coordinator", coordinator]
+            ready = functools.partial(
+                _northguard_ready, f"{http_url}/health", coordinator_metrics, index + 1
+            )
+            components.append(
+                Component(
+                    name,
+                    "northguard",
+                    address,
+                    functools.partial(
+                        self._start_northguard, name, index, address, http_port, role, ready
+                    ),
+                    {"kind": "http", "target": f"{http_url}/health"},
+                    address,
+                    {
+                        "health_url": f"{http_url}/health",
+                        "metrics_url": f"{http_url}/metrics",
+                        "role": "coordinator" if index == 0 else "member",
+                        "data_dir": str(data_dir),
+                    },
+                    also_listens=f"{host}:{http_port}",
+                )
+            )
+        return components
+
+    def _start_northguard(
+        self,
+        name: str,
+        index: int,
+        address: str,
+        http_port: int,
+        role: list[str],
+        ready: Callable[[], bool],
+    ) -> ManagedProcess:
+        host, port = split_host_port(address, 9470)
+        argv = _xinfra_argv(
+            "northguard",
+            "broker",
+            "--id",
+            str(index),
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--http-port",
+            str(http_port),
+            "--data-dir",
+            str(self.run_dir / "northguard" / str(index)),
+            "--attr",
+            f"rack=r{index}",
+            "--secret-file",
+            str(self.northguard_secret_file()),
+            "--replication-factor",
+            str(self.settings.northguard_replication_factor),
+            *role,
+        )
+        return self._spawn(name, argv, ready)
 
     def admin_token(self) -> str:
         """The admin token of this stack: configured, else the run directory's token file, else
@@ -358,7 +452,7 @@ class LocalStack:
                     f"{other['supervisor']['pid']}) already listens on {', '.join(shared)}: "
                     "stop it (`XINFRA_RUN_DIR=... xinfra down`) or give this stack other ports "
                     "(XINFRA_ZOOKEEPER, XINFRA_KAFKA_BOOTSTRAP, XINFRA_NORTHGUARD_BOOTSTRAP, "
-                    "XINFRA_NORTHGUARD_HTTP_PORT, XINFRA_METADATA_URL)"
+                    "XINFRA_NORTHGUARD_HTTP_PORTS, XINFRA_METADATA_URL)"
                 )
 
     def start(self) -> None:
@@ -378,12 +472,13 @@ class LocalStack:
                             "no xinfra stack: using it (not started, not stopped by this stack)"
                         )
                         continue
-                    host, port = split_host_port(component.address, 0)
-                    if port_open(host, port):
-                        raise ServiceError(
-                            f"{component.name}: port {component.address} is taken by a process "
-                            f"that is not {component.kind}; free it or set another address"
-                        )
+                    for address in filter(None, (component.address, component.also_listens)):
+                        host, port = split_host_port(address, 0)
+                        if port_open(host, port):
+                            raise ServiceError(
+                                f"{component.name}: port {address} is taken by a process that "
+                                f"is not {component.kind}; free it or set another address"
+                            )
                     self.progress(f"{component.name}: starting")
                     component.process = component.start()
                     self.write_state("starting")
@@ -428,18 +523,25 @@ class LocalStack:
                 try:
                     client.register_cluster(cluster)
                 except Conflict:  # registered by an earlier run on this run directory
-                    self._add_missing_secret(client, cluster)
+                    self._update_registration(client, cluster)
                 self.progress(f"cluster {cluster.name} ({cluster.kind.value}) registered")
         return [c.name for c in clusters]
 
-    def _add_missing_secret(self, client: MetadataClient, cluster: PhysicalCluster) -> None:
-        """A cluster an earlier ``xinfra up`` registered without the secret its broker now
-        requires: register it again with it.  The service has no route that changes a
-        cluster's attributes, so this is a delete and a register, which the service refuses
-        while epochs live on the cluster: the error then says what to do."""
-        wanted = cluster.attributes.get(NORTHGUARD_SECRET_ATTRIBUTE)
+    def _update_registration(self, client: MetadataClient, cluster: PhysicalCluster) -> None:
+        """A cluster an earlier ``xinfra up`` registered differently: without the secret its
+        brokers now require, or with another bootstrap (the single broker of stacks before the
+        three-broker cluster).  The service has no route that changes a cluster, so this is a
+        delete and a register, which the service refuses while epochs live on the cluster: a
+        missing secret then stops the start with what to do; an older bootstrap is kept, with a
+        warning (its first address is the coordinator, which serves every request)."""
+        wanted_secret = cluster.attributes.get(NORTHGUARD_SECRET_ATTRIBUTE)
         registered = client.describe_cluster(cluster.name)
-        if wanted is None or NORTHGUARD_SECRET_ATTRIBUTE in registered.get("attributes", {}):
+        missing_secret = wanted_secret is not None and NORTHGUARD_SECRET_ATTRIBUTE not in (
+            registered.get("attributes") or {}
+        )
+        old_bootstrap = str(registered.get("bootstrap", ""))
+        moved = _addresses(old_bootstrap) != _addresses(cluster.bootstrap)
+        if not missing_secret and not moved:
             return
         try:
             client.request(
@@ -448,14 +550,24 @@ class LocalStack:
                 params={"expected_version": registered["version"]},
             )
         except Conflict as error:
-            raise ServiceError(
-                f"cluster {cluster.name} was registered by an earlier `xinfra up` without "
-                f"{NORTHGUARD_SECRET_ATTRIBUTE}, and its broker now requires credentials; the "
-                f"service cannot add the attribute while epochs live on the cluster ({error}). "
-                "Delete those topics, or start a fresh stack elsewhere (XINFRA_RUN_DIR)"
-            ) from error
+            if missing_secret:
+                raise ServiceError(
+                    f"cluster {cluster.name} was registered by an earlier `xinfra up` without "
+                    f"{NORTHGUARD_SECRET_ATTRIBUTE}, and its broker now requires credentials; the "
+                    f"service cannot add the attribute while epochs live on the cluster ({error}). "
+                    "Delete those topics, or start a fresh stack elsewhere (XINFRA_RUN_DIR)"
+                ) from error
+            self.progress(
+                f"WARNING: cluster {cluster.name} stays registered with bootstrap {old_bootstrap} "
+                f"(not {cluster.bootstrap}): the service cannot change it while epochs live on "
+                "the cluster; clients reach the cluster through those addresses"
+            )
+            return
         client.register_cluster(cluster)
-        self.progress(f"cluster {cluster.name}: registered again with its secret")
+        self.progress(
+            f"cluster {cluster.name}: registered again "
+            + ("with its secret" if missing_secret else f"with bootstrap {cluster.bootstrap}")
+        )
 
     def repair_topics(self) -> list[dict[str, Any]]:
         """After a restart the memory-only local Kafka has no topics while the metadata still
@@ -572,6 +684,10 @@ class LocalStack:
                 stackstate.remove_state(self.run_dir)
 
 
+def _addresses(bootstrap: str) -> list[str]:
+    return [a.strip() for a in bootstrap.split(",") if a.strip()]
+
+
 def _own_start_time() -> int | None:
     from xinfra.services.process import process_start_time
 
@@ -634,7 +750,7 @@ def run_up(
                 "zookeeper": settings.zookeeper,
                 "kafka_bootstrap": settings.kafka_bootstrap,
                 "northguard_bootstrap": settings.northguard_bootstrap,
-                "northguard_http_port": settings.northguard_http_port,
+                "northguard_http_ports": settings.northguard_http_ports,
             }
         )
         event({"event": "ready", **summary})

@@ -161,7 +161,8 @@ def start_northguard_cluster(
 
 
 def start_northguard(run_dir: Path, port: int | None = None) -> NorthguardProcess:
-    """The contract suite's and ``xinfra up``'s entry: one broker with its data under ``run_dir``."""
+    """The contract suite's entry: one broker with its data under ``run_dir`` (``xinfra up`` runs
+    a three-broker cluster through its own commands: ``xinfra.up``)."""
     return start_northguard_broker(
         run_dir / "northguard-data", port, log_path=run_dir / "northguard.log"
     )

@@ -54,8 +54,36 @@ def test_compose_has_the_production_services(compose_config: dict) -> None:  # t
     services = compose_config["services"]
     assert {"mysql", "zookeeper", "kafka", "couchbase", "metadata-service"} <= services.keys()
     assert {"northguard-1", "northguard-2", "northguard-3"} <= services.keys()
-    racks = {" ".join(services[f"northguard-{i}"]["command"]).split("rack=")[1] for i in (1, 2, 3)}
+    racks = {
+        " ".join(services[f"northguard-{i}"]["command"]).split("rack=")[1].split()[0]
+        for i in (1, 2, 3)
+    }
     assert racks == {"r1", "r2", "r3"}, "each broker on its own rack attribute"
+
+
+def _option(command: list[str], name: str) -> str | None:
+    return command[command.index(name) + 1] if name in command else None
+
+
+def test_northguard_brokers_form_one_cluster_with_replication_factor_3(
+    compose_config: dict,
+) -> None:  # type: ignore[type-arg]
+    services = compose_config["services"]
+    commands = {
+        i: [str(part) for part in services[f"northguard-{i}"]["command"]] for i in (1, 2, 3)
+    }
+    assert "--cluster" in commands[1] and _option(commands[1], "--coordinator") is None
+    for i in (2, 3):  # members join the coordinator, after it answers
+        assert _option(commands[i], "--coordinator") == "northguard-1:9470"
+        assert "--cluster" not in commands[i]
+        assert "northguard-1" in services[f"northguard-{i}"]["depends_on"]
+    for i, command in commands.items():
+        assert _option(command, "--replication-factor") == "3"
+        assert _option(command, "--id") == str(i)
+        # Peers and clients reach each broker by its compose name, never 0.0.0.0.
+        assert _option(command, "--advertised-address") == f"northguard-{i}:9470"
+    bootstrap = services["metadata-service"]["environment"]["XINFRA_NORTHGUARD_BOOTSTRAP"]
+    assert bootstrap.split(",") == [f"northguard-{i}:9470" for i in (1, 2, 3)]
 
 
 def test_third_party_images_are_pinned(compose_config: dict) -> None:  # type: ignore[type-arg]

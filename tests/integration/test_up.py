@@ -123,13 +123,14 @@ class Stack:
     @property
     def markers(self) -> list[str]:
         ports = [
-            self.env[k].rpartition(":")[2]
+            address.rpartition(":")[2]
             for k in (
                 "XINFRA_ZOOKEEPER",
                 "XINFRA_KAFKA_BOOTSTRAP",
                 "XINFRA_NORTHGUARD_BOOTSTRAP",
                 "XINFRA_METADATA_URL",
             )
+            for address in self.env[k].split(",")
         ]
         return (
             [f"127.0.0.1:{p}" for p in ports] + [f"--port {p}" for p in ports] + [str(self.run_dir)]
@@ -166,7 +167,7 @@ class Stack:
         assert _processes_mentioning(self.markers) == []
         for address in (
             self.env["XINFRA_KAFKA_BOOTSTRAP"],
-            self.env["XINFRA_NORTHGUARD_BOOTSTRAP"],
+            *self.env["XINFRA_NORTHGUARD_BOOTSTRAP"].split(","),
         ):
             host, _, port = address.rpartition(":")
             closed = functools.partial(_closed, host, int(port))
@@ -181,8 +182,9 @@ def _env(tmp_path: Path) -> dict[str, str]:
         "XINFRA_RUN_DIR": str(tmp_path / "run"),
         "XINFRA_ZOOKEEPER": f"127.0.0.1:{free_port()}",
         "XINFRA_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}",
-        "XINFRA_NORTHGUARD_BOOTSTRAP": f"127.0.0.1:{free_port()}",
-        "XINFRA_NORTHGUARD_HTTP_PORT": str(free_port()),
+        # The local Northguard cluster: three brokers, the coordinator first.
+        "XINFRA_NORTHGUARD_BOOTSTRAP": ",".join(f"127.0.0.1:{free_port()}" for _ in range(3)),
+        "XINFRA_NORTHGUARD_HTTP_PORTS": ",".join(str(free_port()) for _ in range(3)),
         "XINFRA_METADATA_URL": f"http://127.0.0.1:{free_port()}",
         "XINFRA_DATABASE_URL": f"sqlite:///{tmp_path / 'metadata.db'}",
     }
@@ -291,12 +293,18 @@ def test_whole_stack_status_and_down_from_another_shell(tmp_path: Path) -> None:
             assert Path(component["log"]).stat().st_mode & 0o077 == 0, "logs are private"
         env = stack.env
         if "northguard-0" in components:
-            northguard = components["northguard-0"]
-            assert northguard["health_url"].endswith(
-                f":{env['XINFRA_NORTHGUARD_HTTP_PORT']}/health"
-            )
-            assert httpx.get(northguard["health_url"]).status_code == 200
-            assert httpx.get(northguard["metrics_url"]).status_code == 200
+            # Three brokers, each on its stated client and health ports, its own data directory.
+            addresses = env["XINFRA_NORTHGUARD_BOOTSTRAP"].split(",")
+            http_ports = env["XINFRA_NORTHGUARD_HTTP_PORTS"].split(",")
+            for index in range(3):
+                northguard = components[f"northguard-{index}"]
+                assert northguard["url"] == addresses[index]
+                assert northguard["role"] == ("coordinator" if index == 0 else "member")
+                assert northguard["data_dir"] == str(stack.run_dir / "northguard" / str(index))
+                assert northguard["health_url"].endswith(f":{http_ports[index]}/health")
+                assert httpx.get(northguard["health_url"]).status_code == 200
+                assert httpx.get(northguard["metrics_url"]).status_code == 200
+            assert len({components[f"northguard-{i}"]["pid"] for i in range(3)}) == 3
         if "metadata-service" in components:
             assert "kafka-local" in ready["clusters"]
             assert ("northguard-local" in ready["clusters"]) == ("northguard-0" in components)
@@ -306,6 +314,9 @@ def test_whole_stack_status_and_down_from_another_shell(tmp_path: Path) -> None:
                 headers={"Authorization": f"Bearer {token}"},
             ).json()
             assert {c["name"] for c in registered["clusters"]} == set(ready["clusters"])
+            bootstraps = {c["name"]: c["bootstrap"] for c in registered["clusters"]}
+            if "northguard-0" in components:  # every broker of the cluster, coordinator first
+                assert bootstraps["northguard-local"] == env["XINFRA_NORTHGUARD_BOOTSTRAP"]
             for log in stack.run_dir.joinpath("logs").iterdir():
                 assert token not in log.read_text(errors="replace"), f"token in {log}"
 
@@ -487,6 +498,49 @@ def test_up_names_a_port_taken_by_something_else(tmp_path: Path) -> None:
     assert "zookeeper" in result.stderr
 
 
+def test_up_names_a_northguard_health_port_taken_by_something_else(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    taken = blocker.getsockname()[1]
+    http_ports = env["XINFRA_NORTHGUARD_HTTP_PORTS"].split(",")
+    env["XINFRA_NORTHGUARD_HTTP_PORTS"] = ",".join([*http_ports[:2], str(taken)])
+    try:
+        result = subprocess.run(
+            _xinfra("up", "--only", "northguard"),
+            capture_output=True,
+            env=env,
+            cwd=tmp_path,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        blocker.close()
+    assert result.returncode == 1
+    said = " ".join(result.stderr.split())
+    assert f"northguard-2: port 127.0.0.1:{taken} is taken" in said, result.stderr
+    for address in env["XINFRA_NORTHGUARD_BOOTSTRAP"].split(","):  # the first two were stopped
+        host, _, port = address.rpartition(":")
+        assert _wait(functools.partial(_closed, host, int(port)), 10), address
+
+
+def test_up_refuses_northguard_settings_that_do_not_fit(tmp_path: Path) -> None:
+    env = {**_env(tmp_path), "XINFRA_NORTHGUARD_HTTP_PORTS": str(free_port())}
+    result = subprocess.run(
+        _xinfra("up", "--only", "northguard"), capture_output=True, env=env, text=True, timeout=60
+    )
+    assert result.returncode == 1
+    said = " ".join(result.stderr.split())
+    assert "XINFRA_NORTHGUARD_HTTP_PORTS" in said and "one health port per broker" in said, said
+    env = {**_env(tmp_path), "XINFRA_NORTHGUARD_REPLICATION_FACTOR": "4"}
+    result = subprocess.run(
+        _xinfra("up", "--only", "northguard"), capture_output=True, env=env, text=True, timeout=60
+    )
+    assert result.returncode == 1
+    assert "XINFRA_NORTHGUARD_REPLICATION_FACTOR=4" in " ".join(result.stderr.split())
+
+
 def test_up_rejects_unknown_components(tmp_path: Path) -> None:
     result = subprocess.run(
         _xinfra("up", "--only", "kafka,nope"), capture_output=True, env=_env(tmp_path), text=True
@@ -664,3 +718,190 @@ def test_up_adds_the_secret_to_a_northguard_cluster_registered_without_it(tmp_pa
         _round_trip(env, "re-registered")
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
+
+
+# ---- the local Northguard is a three-broker cluster, replication factor 3 --------------------
+
+
+def _cluster_status(env: dict[str, str], run_dir: Path) -> dict:  # type: ignore[type-arg]
+    result = _cli(
+        env,
+        "northguard",
+        "status",
+        "--bootstrap",
+        env["XINFRA_NORTHGUARD_BOOTSTRAP"],
+        "--secret-file",
+        str(run_dir / "northguard-secret"),
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+
+def _stack_component(env: dict[str, str], name: str) -> dict:  # type: ignore[type-arg]
+    report = json.loads(_cli(env, "status", "--json").stdout)
+    [component] = [c for c in report["components"] if c["name"] == name]
+    return component  # type: ignore[no-any-return]
+
+
+def test_northguard_cluster_replicates_and_survives_a_member_sigkill(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    with up_in_pipe(tmp_path, "--only", "northguard,metadata-service", env=env) as (
+        stack,
+        process,
+    ):
+        ready = stack.wait_ready()
+        brokers = {c["name"]: c for c in ready["components"] if c["name"].startswith("northguard")}
+        assert sorted(brokers) == ["northguard-0", "northguard-1", "northguard-2"]
+        status = _cluster_status(env, stack.run_dir)
+        assert status["coordinator"] == "0"
+        assert {b["broker_id"]: (b["live"], b["address"]) for b in status["brokers"]} == {
+            str(i): (True, address)
+            for i, address in enumerate(env["XINFRA_NORTHGUARD_BOOTSTRAP"].split(","))
+        }
+
+        created = _cli(env, "topics", "create", "orders", "--cluster", "northguard-local")
+        assert created.returncode == 0, created.stderr
+        produced = _cli(env, "produce", "orders", "-q", stdin="first\n")
+        assert produced.returncode == 0, produced.stderr
+        status = _cluster_status(env, stack.run_dir)
+        assert status["segments"], status  # the topic's only
+        for segment in status["segments"]:  # every segment on all three brokers
+            assert sorted(segment["replicas"]) == ["0", "1", "2"], segment
+            assert segment["replicas_wanted"] == 3, segment
+        assert status["under_replicated_total"] == 0, status
+
+        # SIGKILL a member: the supervisor restarts it, and the stack keeps serving.
+        victim = brokers["northguard-1"]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        assert _wait(
+            lambda: (
+                _stack_component(env, "northguard-1")["pid"] not in (victim, None)
+                and _stack_component(env, "northguard-1")["healthy"]
+            ),
+            60,
+        ), _stack_component(env, "northguard-1")
+        assert _wait(
+            lambda: all(b["live"] for b in _cluster_status(env, stack.run_dir)["brokers"]), 60
+        ), _cluster_status(env, stack.run_dir)
+        produced = _cli(env, "produce", "orders", "-q", stdin="second\n")
+        assert produced.returncode == 0, produced.stderr
+        consumed = _cli(env, "consume", "orders", "-q", "-e")
+        assert consumed.returncode == 0, consumed.stderr
+        assert consumed.stdout.split() == ["first", "second"], consumed
+        # Every segment gets back to three replicas (a sealed one by re-replication).
+        assert _wait(
+            lambda: (
+                (status := _cluster_status(env, stack.run_dir))["under_replicated_total"] == 0
+                and all(len(s["replicas"]) == 3 for s in status["segments"])
+            ),
+            90,
+        ), _cluster_status(env, stack.run_dir)
+        pids = stack.pids()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    stack.assert_nothing_left(pids)
+
+
+def test_a_run_dir_of_the_single_broker_stack_keeps_its_northguard_data(tmp_path: Path) -> None:
+    """A run directory from before the three-broker cluster: one broker (id 0, not a cluster)
+    kept its data in ``northguard/0`` and ``northguard-local`` names its address alone.  The
+    cluster's coordinator is broker 0 on that data directory: the records stay readable, and
+    once the single broker's active segment rolls (its age limit, short here) it is
+    re-replicated onto the two new brokers."""
+    import secrets as random_secrets
+
+    from xinfra.services.process import ManagedProcess
+
+    env = _env(tmp_path)
+    run_dir = tmp_path / "run"
+    coordinator = env["XINFRA_NORTHGUARD_BOOTSTRAP"].split(",")[0]
+    host, _, port = coordinator.rpartition(":")
+    http_port = env["XINFRA_NORTHGUARD_HTTP_PORTS"].split(",")[0]
+    secret_file = run_dir / "northguard-secret"
+    run_dir.mkdir()
+    fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(random_secrets.token_urlsafe(32) + "\n")
+    # The broker as `xinfra up` ran it before this change (same argv).
+    old_broker = ManagedProcess(
+        "old northguard-0",
+        _xinfra(
+            "northguard",
+            "broker",
+            "--id",
+            "0",
+            "--host",
+            host,
+            "--port",
+            port,
+            "--http-port",
+            http_port,
+            "--data-dir",
+            str(run_dir / "northguard" / "0"),
+            "--attr",
+            "rack=r0",
+            "--secret-file",
+            str(secret_file),
+        ),
+        tmp_path / "old-northguard.log",
+        coordinator,
+        env=env,
+    )
+    try:
+        old_broker.start().wait_ready(lambda: port_open(host, int(port)), timeout_s=60)
+        with up_in_pipe(tmp_path, "--only", "metadata-service", env=env) as (stack, process):
+            stack.wait_ready()
+            token = (run_dir / "admin-token").read_text().strip()
+            registered = httpx.post(  # as the single-broker `xinfra up` registered it
+                f"{env['XINFRA_METADATA_URL']}/v1/clusters",
+                headers={"Authorization": f"Bearer {token}"},
+                json={
+                    "name": "northguard-local",
+                    "kind": "northguard",
+                    "bootstrap": coordinator,
+                    "attributes": {"northguard.secret": f"file:{secret_file}"},
+                },
+            )
+            assert registered.status_code == 201, registered.text
+            created = _cli(env, "topics", "create", "orders", "--cluster", "northguard-local")
+            assert created.returncode == 0, created.stderr
+            produced = _cli(env, "produce", "orders", "-q", stdin="old\n")
+            assert produced.returncode == 0, produced.stderr
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=30) == 0
+    finally:
+        old_broker.stop()
+    assert not (run_dir / "northguard" / "1").exists()
+
+    cluster_env = {**env, "XINFRA_SEGMENT_AGE_S_MAX": "2"}
+    with up_in_pipe(tmp_path, "--only", "northguard,metadata-service", env=cluster_env) as (
+        stack,
+        process,
+    ):
+        stack.wait_ready()
+        status = _cluster_status(env, run_dir)
+        # The single broker's segment (it may already be sealed and re-replicated).
+        [old_segment] = [s for s in status["segments"] if s["start_offset"] == 0]
+        assert "0" in old_segment["replicas"], old_segment
+        consumed = _cli(env, "consume", "orders", "-q", "-e")
+        assert consumed.stdout.split() == ["old"], consumed
+        produced = _cli(env, "produce", "orders", "-q", stdin="new\n")
+        assert produced.returncode == 0, produced.stderr
+        consumed = _cli(env, "consume", "orders", "-q", "-e")
+        assert consumed.stdout.split() == ["old", "new"], consumed
+
+        def healed() -> bool:
+            segments = {s["segment_id"]: s for s in _cluster_status(env, run_dir)["segments"]}
+            old = segments.get(old_segment["segment_id"])
+            return (
+                old is not None
+                and old["state"] == "sealed"
+                and sorted(old["replicas"]) == ["0", "1", "2"]
+            )
+
+        assert _wait(healed, 90), _cluster_status(env, run_dir)
+        consumed = _cli(env, "consume", "orders", "-q", "-e")
+        assert consumed.stdout.split() == ["old", "new"], consumed
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
