@@ -864,7 +864,9 @@ def test_a_run_dir_of_the_single_broker_stack_keeps_its_northguard_data(tmp_path
                 },
             )
             assert registered.status_code == 201, registered.text
-            created = _cli(env, "topics", "create", "orders", "--cluster", "northguard-local")
+            created = _cli(
+                env, "topics", "create", "orders", "--cluster", "northguard-local", "--shards", "1"
+            )
             assert created.returncode == 0, created.stderr
             produced = _cli(env, "produce", "orders", "-q", stdin="old\n")
             assert produced.returncode == 0, produced.stderr
