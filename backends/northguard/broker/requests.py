@@ -23,36 +23,8 @@ from xinfra.errors import InvalidRequest
 from xinfra.keyspace import KeyRange, shard_ranges
 from xinfra.model import SHARD_COUNT_MAX
 
-OPS = frozenset(
+REPLICA_OPS = frozenset(
     {
-        "ping",
-        "create_topic",
-        "delete_topic",
-        "list_topics",
-        "topic_metadata",
-        "seal_topic",
-        "segment_metadata",
-        "seal_segment",
-        "split_range",
-        "merge_ranges",
-        "offset_for_timestamp",
-        "cluster_status",
-        "register_broker",
-        "replica_create",
-        "replica_fence",
-        "replica_seal",
-        "replica_delete",
-        "replica_checksum",
-        "replica_copy",
-        "replica_list",
-        "create_policy",
-        "list_policies",
-        "validate_policy",
-    }
-)
-LOCAL_OPS = frozenset(
-    {
-        "ping",
         "replica_create",
         "replica_fence",
         "replica_seal",
@@ -62,23 +34,12 @@ LOCAL_OPS = frozenset(
         "replica_list",
     }
 )
+"""How brokers act on the replicas they hold."""
+LOCAL_OPS = frozenset({"ping", *REPLICA_OPS})
 """Ops a member answers itself; it forwards every other one to the coordinator."""
 REPLICA_LIST_MAX = 10_000
 """Segment ids per ``replica_list`` answer (under the 1 MiB control message bound)."""
-BROKER_OPS = frozenset(
-    {
-        "cluster_status",
-        "register_broker",
-        "replica_create",
-        "replica_fence",
-        "replica_seal",
-        "replica_delete",
-        "replica_checksum",
-        "replica_copy",
-        "replica_list",
-        "create_policy",
-    }
-)
+BROKER_OPS = frozenset({"cluster_status", "register_broker", "create_policy", *REPLICA_OPS})
 """Ops about the whole cluster: an admin credential for every topic (a broker's own) only."""
 
 
@@ -94,20 +55,12 @@ _OPERATION_OF: dict[str, str | None] = {
     "seal_segment": ADMIN,
     "split_range": ADMIN,
     "merge_ranges": ADMIN,
-    "cluster_status": ADMIN,
-    "register_broker": ADMIN,
-    "replica_create": ADMIN,
-    "replica_fence": ADMIN,
-    "replica_seal": ADMIN,
-    "replica_delete": ADMIN,
-    "replica_checksum": ADMIN,
-    "replica_copy": ADMIN,
-    "replica_list": ADMIN,
-    "create_policy": ADMIN,
     "list_policies": READ,
     "validate_policy": READ,
+    **dict.fromkeys(BROKER_OPS, ADMIN),
 }
-assert _OPERATION_OF.keys() == OPS
+OPS = frozenset(_OPERATION_OF)
+"""Every unary request op, with the credential operation it needs."""
 
 
 def operation_of(op: str) -> str | None:
