@@ -843,7 +843,7 @@ class XinfraProducer:
                     if queue is not None and first is not None:
                         pipelining = True  # the later writes: issued without waiting, below
                         break
-                    offsets = await self._write(metadata, epoch, shard, records, first)
+                    offsets = await self._issue(metadata, epoch, shard, records, first)
                     done_epochs.add(epoch.number)
                     if first is None:
                         first = (epoch.number, offsets)
@@ -896,17 +896,6 @@ class XinfraProducer:
             elif not sink.done():  # type: ignore[union-attr]
                 sink.set_result(Position(number, shard, offsets[start]))  # type: ignore[union-attr]
             start = end
-
-    async def _write(
-        self,
-        metadata: TopicMetadata,
-        epoch: Epoch,
-        shard: int,
-        records: list[Record],
-        source: tuple[int, list[int]] | None,
-    ) -> list[int]:
-        """The offsets of ``records`` in ``epoch``; ``source`` is where they went in the first."""
-        return await self._issue(metadata, epoch, shard, records, source)
 
     def _issue(
         self,
