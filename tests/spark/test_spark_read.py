@@ -28,6 +28,18 @@ from xinfra.model import ClusterKind, PhysicalCluster, Record
 RECORDS = 5
 
 
+async def _fill(cluster: PhysicalCluster, topic: str) -> None:
+    """A one-shard ``topic`` on ``cluster`` holding ``RECORDS`` records, offsets 0.."""
+    backend = open_backend(cluster)
+    try:
+        await backend.create_topic(topic, shard_ranges(1))
+        producer = backend.producer(topic)
+        await producer.send(0, [Record(b"v%d" % i) for i in range(RECORDS)])
+        await producer.close()
+    finally:
+        await backend.close()
+
+
 @pytest.fixture(scope="module")
 def northguard_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     process = start_northguard(Path(tmp_path_factory.mktemp("northguard")))
@@ -45,17 +57,7 @@ def short_topic(request: pytest.FixtureRequest) -> tuple[PhysicalCluster, str]:
     )
     topic = f"spark-read-{uuid.uuid4().hex[:8]}"
 
-    async def fill() -> None:
-        backend = open_backend(cluster)
-        try:
-            await backend.create_topic(topic, shard_ranges(1))
-            producer = backend.producer(topic)
-            await producer.send(0, [Record(b"v%d" % i) for i in range(RECORDS)])
-            await producer.close()
-        finally:
-            await backend.close()
-
-    asyncio.run(fill())
+    asyncio.run(_fill(cluster, topic))
     return cluster, topic
 
 
@@ -168,19 +170,9 @@ def test_a_pooled_reader_reads_on_after_its_broker_restarted(tmp_path: Path) -> 
     cluster = PhysicalCluster(name="restarts", kind=ClusterKind.NORTHGUARD, bootstrap=process.url)
     topic = f"spark-restart-{uuid.uuid4().hex[:8]}"
 
-    async def fill() -> None:
-        backend = open_backend(cluster)
-        try:
-            await backend.create_topic(topic, shard_ranges(1))
-            producer = backend.producer(topic)
-            await producer.send(0, [Record(b"v%d" % i) for i in range(RECORDS)])
-            await producer.close()
-        finally:
-            await backend.close()
-
     pool = ReaderPool()
     try:
-        asyncio.run(fill())
+        asyncio.run(_fill(cluster, topic))
         assert _offsets(read_slice(_slice(cluster, topic, 0, 3), False, True, pool)) == [0, 1, 2]
         process.restart()
         assert _offsets(read_slice(_slice(cluster, topic, 1, 5), False, True, pool)) == [1, 2, 3, 4]
