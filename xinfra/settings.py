@@ -8,15 +8,26 @@ Names carry their unit.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+RENAMED = {"XINFRA_NORTHGUARD_HTTP_PORT": "XINFRA_NORTHGUARD_HTTP_PORTS"}
+"""Settings that were renamed: the old name would otherwise be ignored without a word."""
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="XINFRA_", extra="ignore")
+
+    def __init__(self, **values: Any) -> None:
+        for old, new in RENAMED.items():
+            if old in os.environ and new not in os.environ:
+                raise ValueError(f"{old} was renamed {new}; set {new} instead")
+        super().__init__(**values)
 
     run_dir: Path = Field(
         default=Path(".xinfra"), description="Where `xinfra up` keeps data and logs."

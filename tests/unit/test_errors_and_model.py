@@ -113,3 +113,14 @@ def test_write_epochs_are_the_unsealed_ones_oldest_first() -> None:
 def test_record_size_counts_key_value_and_headers() -> None:
     assert Record(value=b"12345", key=b"ab", headers=(("h", b"xyz"),)).size_bytes() == 11
     assert Record(value=None).size_bytes() == 0
+
+
+def test_a_renamed_setting_is_refused_with_its_new_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The old single-broker name would otherwise be ignored and the stack start elsewhere."""
+    from xinfra.settings import Settings
+
+    monkeypatch.setenv("XINFRA_NORTHGUARD_HTTP_PORT", "9471")
+    with pytest.raises(ValueError, match="XINFRA_NORTHGUARD_HTTP_PORTS"):
+        Settings()
+    monkeypatch.setenv("XINFRA_NORTHGUARD_HTTP_PORTS", "9471,9473,9475")
+    assert Settings().northguard_http_ports == "9471,9473,9475"
