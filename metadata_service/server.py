@@ -298,7 +298,8 @@ and in socket writes)."""
 def prepare_process(app: FastAPI) -> None:
     """Prepare a process that is the service's own for ``app`` (``serve`` calls it).
 
-    The store's pool is opened in full (``MetadataStore.open_pool``) before any request:
+    The store's pool, and the checkpoint upserts' own, are opened in full
+    (``MetadataStore.open_pool``, ``CheckpointStore.open_pool``) before any request:
     each new PyMySQL connection holds the GIL ~27 ms building a TLS context, and the pool
     grew under the first load (token lookups and cold reads at once), 16 such stalls.
     Its heap as built so far (modules, routes, schemas: the bulk of every object it will
@@ -311,6 +312,7 @@ def prepare_process(app: FastAPI) -> None:
     """
     config: ServiceConfig = app.state.config
     app.state.services.runtime.store.open_pool(config.db_pool_size)
+    app.state.groups.checkpoints.store.open_pool()
     gc.collect()
     gc.freeze()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
