@@ -62,9 +62,10 @@ ASGI, whose bound is ``request_bytes_max``."""
 
 READ_TEMPLATE = "/v1/vclusters/{vc}/topics/{topic}/metadata"
 COMMIT_TEMPLATE = "/v1/vclusters/{vc}/groups/{group}/commit"
-_READ_PATH = re.compile(r"^/v1/vclusters/([^/]+)/topics/([^/]+)/metadata$")
-_COMMIT_PATH = re.compile(r"^/v1/vclusters/([^/]+)/groups/([^/]+)/commit$")
-_NAME = re.compile(NAME_PATTERN)
+_NAME = "(" + NAME_PATTERN.removeprefix("^").removesuffix("$") + ")"
+"""A name as the routers take it, inside a path (one match a request, names included)."""
+_READ_PATH = re.compile(f"/v1/vclusters/{_NAME}/topics/{_NAME}/metadata")
+_COMMIT_PATH = re.compile(f"/v1/vclusters/{_NAME}/groups/{_NAME}/commit")
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,12 +152,12 @@ class HotRoutes:
             return None
         method, path = scope["method"], scope["path"]
         if method == "GET":
-            match, commit = _READ_PATH.match(path), False
+            match, commit = _READ_PATH.fullmatch(path), False
         elif method == "POST":
-            match, commit = _COMMIT_PATH.match(path), True
+            match, commit = _COMMIT_PATH.fullmatch(path), True
         else:
             return None
-        if match is None or not (_NAME.match(match[1]) and _NAME.match(match[2])):
+        if match is None:
             return None
         authorization = None
         declared = b""

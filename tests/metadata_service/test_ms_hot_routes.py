@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import re
 import socket
 import sys
 import threading
@@ -31,7 +32,9 @@ from ms_memory_backend import memory_cluster
 from sqlalchemy.exc import OperationalError
 
 from metadata_service import ServiceConfig, create_app
+from metadata_service.hot_routes import _COMMIT_PATH, _READ_PATH
 from metadata_service.server import prepare_process, uvicorn_config
+from xinfra.model import NAME_PATTERN
 from xinfra.services.ports import free_port
 
 VC = "default"
@@ -338,7 +341,7 @@ def test_hot_answers_are_counted_and_honour_connection_close(
 def test_a_served_process_hands_the_gil_back_to_its_loop_within_a_millisecond(
     make_config: Callable[..., ServiceConfig],
 ) -> None:
-    """``serve`` prepares its process: the store's pool opened in full (a new PyMySQL
+    """``serve`` prepares its process: the store's pools opened in full (a new PyMySQL
     connection builds a TLS context, ~27 ms holding the GIL: a stall of every request when
     the pool grew under load), the heap built so far frozen out of the collector's scans,
     and a GIL switch interval short enough that a store call on a worker thread holds the
@@ -358,6 +361,7 @@ def test_a_served_process_hands_the_gil_back_to_its_loop_within_a_millisecond(
     try:
         prepare_process(app)
         assert opened == 3 and engine.pool.checkedin() == 3
+        assert app.state.groups.checkpoints.store.flush_engine.pool.checkedin() == 4
         assert sys.getswitchinterval() <= 0.001
         assert gc.get_freeze_count() >= frozen
         with engine.connect(), engine.connect(), engine.connect():
@@ -367,6 +371,7 @@ def test_a_served_process_hands_the_gil_back_to_its_loop_within_a_millisecond(
         sys.setswitchinterval(before)
         gc.unfreeze()
         engine.dispose()
+        app.state.groups.checkpoints.store.close()
 
 
 def test_a_commit_that_waits_for_100_continue_gets_it(served: tuple[Live, str, str]) -> None:
@@ -483,3 +488,18 @@ def test_the_commits_of_one_flush_are_answered_together_each_with_its_own_outcom
         ]
         by_status = {line.split('status="')[1][:3]: float(line.split()[-1]) for line in counted}
         assert by_status["503"] == 3 and by_status["204"] >= 6
+
+
+@pytest.mark.parametrize(
+    "name", ["t", "t-1.x_y", "9" * 200, "9" * 201, ".x", "-x", "a\n", "a b", "é", "a%2Fb", ""]
+)
+def test_the_hot_paths_take_exactly_the_names_the_routers_take(name: str) -> None:
+    """One match a request (names inside the path patterns), the names ``NAME_PATTERN`` takes:
+    anything else goes on to the app, which answers it."""
+    valid = re.fullmatch(NAME_PATTERN.removeprefix("^").removesuffix("$"), name) is not None
+    for vc, other in ((name, "ok"), ("ok", name)):
+        read = _READ_PATH.fullmatch(f"/v1/vclusters/{vc}/topics/{other}/metadata")
+        commit = _COMMIT_PATH.fullmatch(f"/v1/vclusters/{vc}/groups/{other}/commit")
+        assert (read is not None, commit is not None) == (valid, valid)
+        if read is not None:
+            assert (read[1], read[2]) == (vc, other)
