@@ -290,7 +290,7 @@ def test_the_mysql_upsert_writes_any_name_literally_and_splits_long_flushes(
     store = CheckpointStore(engine, statement_bytes_max=2000)
     request.addfinalizer(store.close)
     group = f"g-{uuid.uuid4().hex[:8]}"
-    odd = ["it's", 'a"b', "c\\\\d", "e%sf%%", "ü-€", "x'); DROP TABLE checkpoints; --"]
+    odd = ["A.b_c-9", "it's", 'a"b', "c\\\\d", "e%sf%%", "ü-€", "x'); DROP TABLE checkpoints; --"]
     store.upsert({(VC, group, topic, 0, 0): i for i, topic in enumerate(odd)})
     many = {(VC, group, "t", 1, shard): shard for shard in range(300)}
     statements = store.statements
