@@ -80,6 +80,8 @@ class ServiceConfig:
     checkpoint_cache: str = "memory://"
     """memory://, redis://host:port/db or couchbase://host/bucket?username=..&password=.."""
     checkpoint_flush_s: float = 0.005
+    """The longest a batch of commits waits while an earlier flush is still out; with none
+    out it is flushed at once (group commit: ``metadata_service.checkpoints.buffer``)."""
     checkpoint_buffer_keys_max: int = 10_000
     migration_orphan_check_s: float = 30.0
     """How often the records past sealed Kafka sources' end offsets are counted (the gauge

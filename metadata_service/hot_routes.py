@@ -21,7 +21,9 @@ first, and answers here only what needs no waiting except for the flush:
   under ASGI); a commit's body passes the router's ``CommitIn``, and its checks pass on
   what this instance holds (``GroupCoordinator.commit_now``): it joins the
   coalescing buffer and is answered 204 when the flush that holds it is
-  durable in MySQL, or with the problem+json of the flush's error.
+  durable in MySQL, or with the problem+json of the flush's error; the commits of one
+  flush are answered in one pass when it ends (one callback, their latencies counted
+  together, the 204's bytes built once a second by the protocol).
 
 Anything else, at either step, goes on through ASGI unchanged (the fast path
 middleware, the gate, the routers), which answers it, errors included: every
@@ -60,9 +62,10 @@ ASGI, whose bound is ``request_bytes_max``."""
 
 READ_TEMPLATE = "/v1/vclusters/{vc}/topics/{topic}/metadata"
 COMMIT_TEMPLATE = "/v1/vclusters/{vc}/groups/{group}/commit"
-_READ_PATH = re.compile(r"^/v1/vclusters/([^/]+)/topics/([^/]+)/metadata$")
-_COMMIT_PATH = re.compile(r"^/v1/vclusters/([^/]+)/groups/([^/]+)/commit$")
-_NAME = re.compile(NAME_PATTERN)
+_NAME = "(" + NAME_PATTERN.removeprefix("^").removesuffix("$") + ")"
+"""A name as the routers take it, inside a path (one match a request, names included)."""
+_READ_PATH = re.compile(f"/v1/vclusters/{_NAME}/topics/{_NAME}/metadata")
+_COMMIT_PATH = re.compile(f"/v1/vclusters/{_NAME}/groups/{_NAME}/commit")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +76,9 @@ class Reply:
 
 
 Respond = Callable[[Reply], None]
+
+NO_CONTENT = Reply(204, [], b"")
+"""A durable commit's answer: one object, so the protocol writes its bytes from a cache."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +143,8 @@ class HotRoutes:
         self.body_bytes_max = body_bytes_max
         self._reading: set[asyncio.Future[tuple[int, bytes]]] = set()
         """Store reads of misses in flight (the loop keeps only weak references to tasks)."""
+        self._acks: dict[asyncio.Future[None], list[tuple[HotRequest, Respond]]] = {}
+        """Commits waiting for each flush in flight, answered together when it ends."""
 
     def begin(self, scope: Any) -> HotRequest | None:
         """A request this may answer, from its head (``scope`` as uvicorn built it); None: ASGI."""
@@ -144,12 +152,12 @@ class HotRoutes:
             return None
         method, path = scope["method"], scope["path"]
         if method == "GET":
-            match, commit = _READ_PATH.match(path), False
+            match, commit = _READ_PATH.fullmatch(path), False
         elif method == "POST":
-            match, commit = _COMMIT_PATH.match(path), True
+            match, commit = _COMMIT_PATH.fullmatch(path), True
         else:
             return None
-        if match is None or not (_NAME.match(match[1]) and _NAME.match(match[2])):
+        if match is None:
             return None
         authorization = None
         declared = b""
@@ -208,20 +216,30 @@ class HotRoutes:
         )
         if durable is None:
             return False
-
-        def flushed(future: Any) -> None:
-            reply = self._flushed(future, request.path)
-            self._done(request, COMMIT_TEMPLATE, "POST", reply)
-            respond(reply)
-
-        durable.add_done_callback(flushed)
+        waiting = self._acks.get(durable)
+        if waiting is None:  # the first commit of this flush: one callback answers them all
+            waiting = self._acks[durable] = []
+            durable.add_done_callback(self._flushed)
+        waiting.append((request, respond))
         return True
 
-    @staticmethod
-    def _flushed(future: Any, path: str) -> Reply:
-        """204 once the flush holding the commit is durable; its error's problem+json if not."""
+    def _flushed(self, future: asyncio.Future[None]) -> None:
+        """Answer every commit the flush held, in the order they came: 204 once it is durable,
+        each its own problem+json (its path is its ``instance``) if not."""
+        waiting = self._acks.pop(future)
         error = _error_of(future)
-        return Reply(204, [], b"") if error is None else _problem_reply(error, "POST", path)
+        now = time.perf_counter()
+        if error is None:
+            self.metrics.requests_done(
+                "POST", COMMIT_TEMPLATE, 204, [now - request.start for request, _ in waiting]
+            )
+            for _, respond in waiting:
+                respond(NO_CONTENT)
+            return
+        for request, respond in waiting:
+            reply = _problem_reply(error, "POST", request.path)
+            self._done(request, COMMIT_TEMPLATE, "POST", reply)
+            respond(reply)
 
     def _done(self, request: HotRequest, template: str, method: str, reply: Reply) -> None:
         self.metrics.request_done(

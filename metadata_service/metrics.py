@@ -7,7 +7,9 @@ Routes are labelled by their template, never by the raw path, to bound cardinali
 
 from __future__ import annotations
 
+import bisect
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -70,8 +72,7 @@ class ServiceMetrics:
         """(method, route template, status) → its bound counter and histogram; as bounded as
         the labels are."""
 
-    def request_done(self, method: str, template: str, status: int, seconds: float) -> None:
-        """Count one answered HTTP request and observe its latency, by route template."""
+    def _children(self, method: str, template: str, status: int) -> tuple[Any, Any]:
         key = (method, template, status)
         children = self._request_children.get(key)
         if children is None:
@@ -79,8 +80,35 @@ class ServiceMetrics:
                 self.requests.labels(method, template, str(status)),
                 self.latency.labels(method, template),
             )
-        children[0].inc()
-        children[1].observe(seconds)
+        return children
+
+    def request_done(self, method: str, template: str, status: int, seconds: float) -> None:
+        """Count one answered HTTP request and observe its latency, by route template."""
+        counter, histogram = self._children(method, template, status)
+        counter.inc()
+        histogram.observe(seconds)
+
+    def requests_done(
+        self, method: str, template: str, status: int, seconds: Sequence[float]
+    ) -> None:
+        """``request_done`` for many requests answered together (the commits of one flush):
+        the same counts, sum and buckets, with one increment per bucket touched instead of
+        a counter increment and a Python scan of the buckets per request (~5 us each, a
+        tenth of a commit's cost on the hot route)."""
+        if not seconds:
+            return
+        counter, histogram = self._children(method, template, status)
+        counter.inc(len(seconds))
+        # prometheus_client's Histogram child: _upper_bounds (ends in +Inf), _buckets (one
+        # value each, non-cumulative), _sum; observe() does exactly this one at a time.
+        bounds = histogram._upper_bounds
+        per_bucket = [0] * len(bounds)
+        for value in seconds:
+            per_bucket[bisect.bisect_left(bounds, value)] += 1
+        for index, count in enumerate(per_bucket):
+            if count:
+                histogram._buckets[index].inc(count)
+        histogram._sum.inc(sum(seconds))
 
 
 class MetricsMiddleware:

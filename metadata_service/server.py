@@ -40,7 +40,7 @@ from uvicorn.protocols.http.httptools_impl import (
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from metadata_service.config import ServiceConfig
-from metadata_service.hot_routes import HotRequest, HotRoutes
+from metadata_service.hot_routes import NO_CONTENT, HotRequest, HotRoutes
 from metadata_service.hot_routes import Reply as HotReply
 
 STARTUP_FAILURE = 3
@@ -59,28 +59,47 @@ class _Server(uvicorn.Server):
 
 class _HeadTimer:
     """The request-head timer both guarded protocols share: armed when a head may begin,
-    disarmed when it ends; firing closes a connection still inside its head."""
+    disarmed when it ends; firing closes a connection still inside its head.
+
+    One timer per connection, not per request: disarming only forgets when the head began,
+    and a timer that fires for a head that has ended since, or began later, goes away or
+    waits for that later head's deadline.  (A timer created and cancelled on every request
+    was a few percent of a hot commit's cost.)"""
 
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport
     header_timeout_s: float
     _head_timer: asyncio.TimerHandle | None
+    _head_since: float | None
+    """Loop time at which the head in progress began; None between heads."""
 
     def _in_head_now(self) -> bool:
         raise NotImplementedError
 
     def _arm(self) -> None:
+        if self._head_since is None:
+            self._head_since = self.loop.time()
         if self._head_timer is None:
             self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)
 
     def _disarm(self) -> None:
+        self._head_since = None
+
+    def _drop_head_timer(self) -> None:
+        self._head_since = None
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
 
     def _head_timeout(self) -> None:
         self._head_timer = None
-        if self._in_head_now() and not self.transport.is_closing():
+        since = self._head_since
+        if since is None or self.transport.is_closing():
+            return  # no head in progress: the next one arms a timer again
+        left = since + self.header_timeout_s - self.loop.time()
+        if left > 0:  # a later head than the one this timer was set for
+            self._head_timer = self.loop.call_later(left, self._head_timeout)
+        elif self._in_head_now():
             self.transport.close()
 
 
@@ -93,6 +112,7 @@ class GuardedH11Protocol(_HeadTimer, H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._head_timer: asyncio.TimerHandle | None = None
+        self._head_since: float | None = None
         super().connection_made(transport)
         if len(self.connections) > self.connections_max:
             transport.close()  # connection_lost forgets it
@@ -107,7 +127,7 @@ class GuardedH11Protocol(_HeadTimer, H11Protocol):
             self._disarm()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
+        self._drop_head_timer()
         super().connection_lost(exc)
 
     def _in_head_now(self) -> bool:
@@ -135,6 +155,7 @@ class GuardedHttpToolsProtocol(_HeadTimer, HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._head_timer: asyncio.TimerHandle | None = None
+        self._head_since: float | None = None
         self._in_head = True
         self._head_bytes = 0
         self._hot: tuple[RequestResponseCycle, Any, HotRequest] | None = None
@@ -163,7 +184,7 @@ class GuardedHttpToolsProtocol(_HeadTimer, HttpToolsProtocol):
         super().on_headers_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
+        self._drop_head_timer()
         self._hot = None
         super().connection_lost(exc)
 
@@ -214,19 +235,40 @@ class GuardedHttpToolsProtocol(_HeadTimer, HttpToolsProtocol):
                 cycle.scope["http_version"],
                 reply.status,
             )
-        content = [STATUS_LINE[reply.status]]
-        for name, value in (*cycle.default_headers, *reply.headers):
-            content.extend((name, b": ", value, b"\r\n"))
-        if not cycle.keep_alive:
-            content.append(b"connection: close\r\n")
-        content.append(b"\r\n")
-        content.append(reply.body)
-        cycle.transport.write(b"".join(content))
+        cycle.transport.write(_reply_bytes(reply, cycle.default_headers, cycle.keep_alive))
         cycle.response_complete = True
         cycle.message_event.set()
         if not cycle.keep_alive:
             cycle.transport.close()
         cycle.on_response()
+
+
+_no_content: tuple[list[tuple[bytes, bytes]], bytes] = ([], b"")
+"""uvicorn's default headers (a new list each second: its ``date``) and the bytes of
+``NO_CONTENT`` kept alive with them."""
+
+
+def _reply_bytes(
+    reply: HotReply, default_headers: list[tuple[bytes, bytes]], keep_alive: bool
+) -> bytes:
+    """The bytes of ``reply`` with uvicorn's default headers.  Those of a durable commit's
+    answer (the same for every commit of a second) are built once: building them per
+    commit was a tenth of the commit's cost on the hot route."""
+    global _no_content
+    cacheable = reply is NO_CONTENT and keep_alive
+    if cacheable and _no_content[0] is default_headers:
+        return _no_content[1]
+    content = [STATUS_LINE[reply.status]]
+    for name, value in (*default_headers, *reply.headers):
+        content.extend((name, b": ", value, b"\r\n"))
+    if not keep_alive:
+        content.append(b"connection: close\r\n")
+    content.append(b"\r\n")
+    content.append(reply.body)
+    data = b"".join(content)
+    if cacheable:
+        _no_content = (default_headers, data)
+    return data
 
 
 def uvicorn_config(
@@ -277,7 +319,8 @@ and in socket writes)."""
 def prepare_process(app: FastAPI) -> None:
     """Prepare a process that is the service's own for ``app`` (``serve`` calls it).
 
-    The store's pool is opened in full (``MetadataStore.open_pool``) before any request:
+    The store's pool, and the checkpoint upserts' own, are opened in full
+    (``MetadataStore.open_pool``, ``CheckpointStore.open_pool``) before any request:
     each new PyMySQL connection holds the GIL ~27 ms building a TLS context, and the pool
     grew under the first load (token lookups and cold reads at once), 16 such stalls.
     Its heap as built so far (modules, routes, schemas: the bulk of every object it will
@@ -290,6 +333,7 @@ def prepare_process(app: FastAPI) -> None:
     """
     config: ServiceConfig = app.state.config
     app.state.services.runtime.store.open_pool(config.db_pool_size)
+    app.state.groups.checkpoints.store.open_pool()
     gc.collect()
     gc.freeze()
     sys.setswitchinterval(SWITCH_INTERVAL_S)

@@ -52,6 +52,7 @@ class CheckpointService:
     async def stop(self) -> None:
         await self.buffer.stop()
         await self.cache.close()
+        self.store.close()
 
     async def commit(self, values: Mapping[CheckpointKey, int]) -> None:
         """Durable on return (MySQL); raises ``Unavailable`` when the flush failed."""

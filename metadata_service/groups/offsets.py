@@ -114,11 +114,17 @@ class Offsets:
             metadata = self._metadata.get((vc, topic))
             if metadata is None:
                 return False
-            epoch = next((e for e in metadata.epochs if e.number == number), None)
-            if epoch is None or shard >= len(epoch.shards):
+            for epoch in metadata.epochs:
+                if epoch.number == number:
+                    break
+            else:
                 return False
-            if offset != 0 and offset > self._ends.get((vc, topic, number), {}).get(shard, -1):
+            if shard >= len(epoch.shards):
                 return False
+            if offset != 0:
+                ends = self._ends.get((vc, topic, number))
+                if ends is None or offset > ends.get(shard, -1):
+                    return False
         return True
 
     async def check_positions(

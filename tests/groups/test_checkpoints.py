@@ -249,13 +249,48 @@ async def test_offer_never_waits_and_declines_when_the_buffer_is_full_or_stopped
     assert buffer.offer({"d": 4}) is None, "offered to a stopped buffer"
 
 
-def test_the_mysql_upsert_writes_any_name_literally_and_splits_long_flushes(engine: Any) -> None:
+async def test_a_commit_to_an_idle_buffer_flies_at_once_and_a_batch_grows_while_one_flies() -> None:
+    """Group commit: nothing in flight, a commit is flushed without waiting for the interval
+    (its latency is the write's, not the write's plus a timer); while a flight is out, the
+    next commits wait together and fly as one batch when it lands."""
+    flushed: list[dict[str, int]] = []
+    release = asyncio.Event()
+
+    async def flush(batch: dict[str, int]) -> None:
+        if not flushed:
+            await release.wait()  # the first flight stays out until released
+        flushed.append(dict(batch))
+
+    buffer: CoalescingBuffer[str] = CoalescingBuffer(flush, interval_s=300.0)
+    buffer.start()
+    first = buffer.offer({"a": 1})
+    assert first is not None
+
+    async def flying() -> bool:
+        return buffer.in_flight == 1
+
+    await wait_until(flying, what="the first commit to fly without waiting for the interval")
+    second, third = buffer.offer({"b": 2}), buffer.offer({"c": 3})
+    assert second is not None and third is second, "commits behind a flight share a batch"
+    assert buffer.in_flight == 1 and not first.done()
+    release.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 10)
+    assert flushed == [{"a": 1}, {"b": 2, "c": 3}]
+    await asyncio.wait_for(buffer.put({"d": 4}), 10)  # idle again: at once
+    assert flushed[-1] == {"d": 4}
+    await buffer.stop()
+
+
+def test_the_mysql_upsert_writes_any_name_literally_and_splits_long_flushes(
+    engine: Any, request: pytest.FixtureRequest
+) -> None:
     """The upsert's literals (escaped by the driver) round-trip names with quotes, backslashes,
     percent signs and non-ASCII; a flush past the statement bound is several statements of
     one transaction, and the last value per key wins."""
     store = CheckpointStore(engine, statement_bytes_max=2000)
+    request.addfinalizer(store.close)
     group = f"g-{uuid.uuid4().hex[:8]}"
-    odd = ["it's", 'a"b', "c\\\\d", "e%sf%%", "ü-€", "x'); DROP TABLE checkpoints; --"]
+    odd = ["A.b_c-9", "it's", 'a"b', "c\\\\d", "e%sf%%", "ü-€", "x'); DROP TABLE checkpoints; --"]
     store.upsert({(VC, group, topic, 0, 0): i for i, topic in enumerate(odd)})
     many = {(VC, group, "t", 1, shard): shard for shard in range(300)}
     statements = store.statements
@@ -267,3 +302,52 @@ def test_the_mysql_upsert_writes_any_name_literally_and_splits_long_flushes(engi
     )
     assert {t: got[(t, 0, 0)] for t in odd} == {t: i for i, t in enumerate(odd)}
     assert {s: got[("t", 1, s)] for s in range(300)} == {s: 70 if s == 7 else s for s in range(300)}
+
+
+def test_a_flush_is_its_upsert_and_commit_and_a_dropped_connection_fails_only_its_flush(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On MySQL the upserts have their own pool, without a ping at checkout or a rollback at
+    return (two round trips a flush, not four).  A connection the server dropped fails the
+    flush that finds it (its commits are refused, none acknowledged), and the next flush
+    writes on a new one."""
+    store = CheckpointStore(engine, flush_connections=1)
+    try:
+        assert store.flush_engine is not engine and store.open_pool() == 1
+        calls: list[str] = []
+        dialect = store.flush_engine.dialect
+
+        def counting(name: str) -> Callable[..., Any]:
+            done = getattr(dialect, name)
+
+            def call(*args: Any) -> Any:
+                calls.append(name)
+                return done(*args)
+
+            return call
+
+        for name in ("do_ping", "do_commit", "do_rollback"):
+            monkeypatch.setattr(dialect, name, counting(name))
+        sa.event.listen(
+            store.flush_engine,
+            "before_cursor_execute",
+            lambda _c, _cursor, statement, *_: calls.append(statement.split()[0]),
+        )
+        group = f"g-{uuid.uuid4().hex[:8]}"
+        for position in range(3):
+            store.upsert({(VC, group, "t", 0, 0): position})
+        assert calls == ["INSERT", "do_commit"] * 3, "a flush is its upsert and its commit"
+        assert rows(engine, group) == [("t", 0, 0, 2)]
+
+        with store.flush_engine.connect() as connection:
+            flushing = connection.exec_driver_sql("SELECT CONNECTION_ID()").scalar()
+            connection.rollback()
+        with engine.connect() as admin:
+            admin.exec_driver_sql(f"KILL {int(flushing)}")  # type: ignore[call-overload]
+        with pytest.raises(sa.exc.OperationalError):
+            store.upsert({(VC, group, "t", 0, 0): 3})
+        assert rows(engine, group) == [("t", 0, 0, 2)]
+        store.upsert({(VC, group, "t", 0, 0): 4})
+        assert rows(engine, group) == [("t", 0, 0, 4)]
+    finally:
+        store.close()

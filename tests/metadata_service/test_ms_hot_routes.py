@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import re
 import socket
 import sys
 import threading
@@ -31,7 +32,9 @@ from ms_memory_backend import memory_cluster
 from sqlalchemy.exc import OperationalError
 
 from metadata_service import ServiceConfig, create_app
+from metadata_service.hot_routes import _COMMIT_PATH, _READ_PATH
 from metadata_service.server import prepare_process, uvicorn_config
+from xinfra.model import NAME_PATTERN
 from xinfra.services.ports import free_port
 
 VC = "default"
@@ -139,10 +142,10 @@ def without_date(response: Response) -> tuple[int, dict[bytes, bytes], bytes]:
     )
 
 
-@pytest.fixture
-def served(make_config: Callable[..., ServiceConfig]) -> Iterator[tuple[Live, str, str]]:
+@contextmanager
+def serving(config: ServiceConfig) -> Iterator[tuple[Live, str, str]]:
     """A live service with a topic of 4 shards; (live, topic, a client token of ``VC``)."""
-    with live(make_config()) as service:
+    with live(config) as service:
         address = f"memory-{uuid.uuid4().hex[:8]}:9092"
         memory_cluster(address)
         topic = f"t-{uuid.uuid4().hex[:6]}"
@@ -161,6 +164,12 @@ def served(make_config: Callable[..., ServiceConfig]) -> Iterator[tuple[Live, st
             )
             created.raise_for_status()
         yield service, topic, created.json()["token"]
+
+
+@pytest.fixture
+def served(make_config: Callable[..., ServiceConfig]) -> Iterator[tuple[Live, str, str]]:
+    with serving(make_config()) as service:
+        yield service
 
 
 def checkpoint_rows(service: Live, group: str) -> list[tuple[str, int, int, int]]:
@@ -332,7 +341,7 @@ def test_hot_answers_are_counted_and_honour_connection_close(
 def test_a_served_process_hands_the_gil_back_to_its_loop_within_a_millisecond(
     make_config: Callable[..., ServiceConfig],
 ) -> None:
-    """``serve`` prepares its process: the store's pool opened in full (a new PyMySQL
+    """``serve`` prepares its process: the store's pools opened in full (a new PyMySQL
     connection builds a TLS context, ~27 ms holding the GIL: a stall of every request when
     the pool grew under load), the heap built so far frozen out of the collector's scans,
     and a GIL switch interval short enough that a store call on a worker thread holds the
@@ -352,6 +361,7 @@ def test_a_served_process_hands_the_gil_back_to_its_loop_within_a_millisecond(
     try:
         prepare_process(app)
         assert opened == 3 and engine.pool.checkedin() == 3
+        assert app.state.groups.checkpoints.store.flush_engine.pool.checkedin() == 4
         assert sys.getswitchinterval() <= 0.001
         assert gc.get_freeze_count() >= frozen
         with engine.connect(), engine.connect(), engine.connect():
@@ -361,6 +371,7 @@ def test_a_served_process_hands_the_gil_back_to_its_loop_within_a_millisecond(
         sys.setswitchinterval(before)
         gc.unfreeze()
         engine.dispose()
+        app.state.groups.checkpoints.store.close()
 
 
 def test_a_commit_that_waits_for_100_continue_gets_it(served: tuple[Live, str, str]) -> None:
@@ -411,3 +422,84 @@ def test_hot_answers_are_access_logged_as_uvicorn_logs_them(
         access.setLevel(level)
     assert any(f'"GET {read} HTTP/1.1" 200' in line for line in lines), lines
     assert sum(f'"POST {commit} HTTP/1.1" 204' in line for line in lines) == 2, lines
+
+
+def commit_on_each(
+    socks: list[socket.socket], paths: list[str], token: str, topic: str
+) -> list[Response]:
+    """One commit on each connection, all sent before any answer is read."""
+    for sock, path in zip(socks, paths, strict=True):
+        body = commit_body(topic, 0)
+        sock.sendall(
+            (
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            + body
+        )
+    return [read_response(sock) for sock in socks]
+
+
+def test_the_commits_of_one_flush_are_answered_together_each_with_its_own_outcome(
+    make_config: Callable[..., ServiceConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three commits fill the buffer (3 keys, no timer flush in the test's time): one flush
+    holds them, and its end answers all three, 204 when durable, and each its own
+    problem+json (its own path as ``instance``) when the flush failed."""
+    config = make_config(checkpoint_flush_s=300.0, checkpoint_buffer_keys_max=3)
+    with serving(config) as (service, topic, token):
+        groups = [f"g-{uuid.uuid4().hex[:6]}" for _ in range(3)]
+        paths = [f"/v1/vclusters/{VC}/groups/{group}/commit" for group in groups]
+        buffer = service.app.state.groups.checkpoints.buffer
+        socks = [service.connect() for _ in groups]
+        try:
+            claims = commit_on_each(socks, paths, token, topic)  # the app's route claims them
+            assert [c.status for c in claims] == [204] * 3
+            seen, flushes = len(service.counting.requests), buffer.flushes
+            answers = commit_on_each(socks, paths, token, topic)
+            assert [a.status for a in answers] == [204] * 3
+            assert buffer.flushes == flushes + 1, "the three commits were not one flush"
+            assert len(service.counting.requests) == seen, "a commit reached the app"
+
+            def down(_rows: Any) -> None:
+                raise OperationalError("INSERT", {}, Exception("MySQL is down"))
+
+            monkeypatch.setattr(service.app.state.groups.checkpoints.store, "upsert", down)
+            failed = commit_on_each(socks, paths, token, topic)
+            assert len(service.counting.requests) == seen
+            for answer, path in zip(failed, paths, strict=True):
+                assert answer.status == 503
+                assert answer.headers[b"content-type"] == b"application/problem+json"
+                problem = json.loads(answer.body)
+                assert problem["code"] == "unavailable" and problem["instance"] == path
+            monkeypatch.undo()
+            assert [a.status for a in commit_on_each(socks, paths, token, topic)] == [204] * 3
+        finally:
+            for sock in socks:
+                sock.close()
+        for group in groups:
+            assert checkpoint_rows(service, group) == [(topic, 0, 0, 0)]
+        metrics = httpx.get(f"{service.url}/metrics").text
+        counted = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith("xinfra_metadata_http_requests_total{")
+            and 'route="/v1/vclusters/{vc}/groups/{group}/commit"' in line
+        ]
+        by_status = {line.split('status="')[1][:3]: float(line.split()[-1]) for line in counted}
+        assert by_status["503"] == 3 and by_status["204"] >= 6
+
+
+@pytest.mark.parametrize(
+    "name", ["t", "t-1.x_y", "9" * 200, "9" * 201, ".x", "-x", "a\n", "a b", "é", "a%2Fb", ""]
+)
+def test_the_hot_paths_take_exactly_the_names_the_routers_take(name: str) -> None:
+    """One match a request (names inside the path patterns), the names ``NAME_PATTERN`` takes:
+    anything else goes on to the app, which answers it."""
+    valid = re.fullmatch(NAME_PATTERN.removeprefix("^").removesuffix("$"), name) is not None
+    for vc, other in ((name, "ok"), ("ok", name)):
+        read = _READ_PATH.fullmatch(f"/v1/vclusters/{vc}/topics/{other}/metadata")
+        commit = _COMMIT_PATH.fullmatch(f"/v1/vclusters/{vc}/groups/{other}/commit")
+        assert (read is not None, commit is not None) == (valid, valid)
+        if read is not None:
+            assert (read[1], read[2]) == (vc, other)
