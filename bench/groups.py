@@ -364,7 +364,8 @@ def main() -> None:
             "committers": args.committers,
             "seconds": seconds,
             "service": "python -m metadata_service serve (uvicorn, one process), ZooKeeper groups, "
-            "in-process checkpoint cache, 5 ms coalescing",
+            "in-process checkpoint cache, group-committed flushes (a batch waits at most 5 ms "
+            "behind a flush in flight)",
             "store": f"MySQL {mysql.host}:{mysql.port}, server shared with other work",
         },
     )
