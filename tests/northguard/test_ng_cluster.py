@@ -223,7 +223,7 @@ async def keyed_produce_through(
         await _wait(lambda: len(acknowledged) >= 300, "acknowledgements before the fault")
         meta = request(coordinator, "segment_metadata", name=topic, range_id=1)
         active = meta["segments"][-1]
-        victim_id = next(b for b in active["replicas"] if b != "1")
+        victim_id = next(b for b in active["replicas"][1:] if b != "1")  # a follower
         victim = next(p for p in processes if p.name.endswith(f" {victim_id}"))
         fault(victim)
         hit_at = len(acknowledged)

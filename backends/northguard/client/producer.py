@@ -6,10 +6,12 @@ sequence number.  Batches go out on the shard's produce stream while its
 window has room; Acks resolve each ``send`` future with its offsets.
 
 **Retries keep order.**  When a stream fails with a retriable error (the
-connection dropped, the broker restarted, the range rolled its segment), its
-unacknowledged batches go back to the head of the shard's queue, in order,
-and are resent with the same sequence numbers on a new stream: the broker
-drops those it already has, so order holds and a resend is stored once.
+connection dropped, the broker restarted, the range rolled its segment, its
+leader changed: ``not_leader``), its unacknowledged batches go back to the
+head of the shard's queue, in order, and are resent with the same sequence
+numbers on a new stream, to the leader the refreshed topic metadata names
+(each range's stream goes to its leader; one connection per broker): the
+broker drops those it already has, so order holds and a resend is stored once.
 Each batch carries the producer id, epoch and its per-range sequence number
 in its header (the broker rebuilds its duplicate table from the stored
 batches), so this holds across a broker restart too, within the broker's
@@ -43,7 +45,7 @@ import functools
 import logging
 import ssl
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from backends.northguard.batch import encode_batch, restamp_batch
 from backends.northguard.client.admin import TopicView
@@ -103,20 +105,24 @@ class _Shard:
         "failures",
         "index",
         "last_error",
+        "leader",
         "parts",
         "pending_bytes",
         "queue",
         "range_id",
         "records",
         "reopening",
+        "stale",
         "stream",
         "timer",
         "unacked",
     )
 
-    def __init__(self, index: int, range_id: int) -> None:
+    def __init__(self, index: int, range_id: int, leader: str | None) -> None:
         self.index = index
         self.range_id = range_id
+        self.leader = leader  # host:port of the broker leading the range (None: the bootstrap)
+        self.stale = False  # a stream failed: ask the metadata for the leader before reopening
         self.records: list[Record] = []
         self.parts: list[tuple[_Call, int, int]] = []
         self.pending_bytes = 0
@@ -139,8 +145,10 @@ class NorthguardProducer(ShardProducer):
         options: ProducerOptions,
         credential_source: CredentialSource | None = None,
         tls_context: ssl.SSLContext | None = None,
+        metadata: Callable[[], Awaitable[TopicView]] | None = None,
     ) -> None:
         self._runtime = runtime
+        self._metadata = metadata
         self._credential_source = credential_source
         self._tls_context = tls_context
         self._address = address
@@ -148,9 +156,9 @@ class NorthguardProducer(ShardProducer):
         self._options = options
         self._linger_s = options.linger_ms / 1000
         self._loop = asyncio.get_running_loop()
-        self._shards = [_Shard(i, r.range_id) for i, r in enumerate(topic.ranges)]
-        self._connection: ClientConnection | None = None
-        self._connecting: asyncio.Future[ClientConnection] | None = None
+        self._shards = [_Shard(i, r.range_id, r.leader) for i, r in enumerate(topic.ranges)]
+        self._connections: dict[str, ClientConnection] = {}  # by address: one per leader
+        self._connecting: dict[str, asyncio.Future[ClientConnection]] = {}
         self._producer_id = runtime.random.getrandbits(63)
         self._next_seq = 0  # per producer id, shared by shards (each range sees an increasing run)
         self._seqs: dict[int, int] = {}
@@ -290,7 +298,9 @@ class NorthguardProducer(ShardProducer):
                         return
                 stream: ProduceStream | None = None
                 try:
-                    connection = await self._connect()
+                    if state.stale:
+                        await self._refresh_leaders(state)
+                    connection = await self._connect(state.leader or self._address)
                     stream = ProduceStream(
                         connection,
                         self._topic.name,
@@ -309,13 +319,15 @@ class NorthguardProducer(ShardProducer):
                     return
                 except TimeoutError:
                     state.last_error = BackendTimeout(
-                        f"Northguard broker {self._address} did not open a stream"
+                        f"Northguard broker {state.leader or self._address} did not open a stream"
                     )
+                    state.stale = True
                 except XinfraError as error:
                     if not error.retriable:
                         self._fail_shard(state, error)
                         return
                     state.last_error = error
+                    state.stale = True
                 if stream is not None and state.stream is stream:
                     state.stream = None
                     stream.close()
@@ -355,25 +367,39 @@ class NorthguardProducer(ShardProducer):
         else:
             self._fail_shard(state, type(last)(f"{waited}: {last.message}"))
 
-    async def _connect(self) -> ClientConnection:
-        if self._connection is not None and not self._connection.closed:
-            return self._connection
-        if self._connecting is None:
-            self._connecting = asyncio.ensure_future(
+    async def _refresh_leaders(self, state: _Shard) -> None:
+        """After a stream failure: the leaders the metadata names now (a leader died or its
+        range moved on to a segment led elsewhere); kept as they were if it does not answer."""
+        state.stale = False
+        if self._metadata is None:
+            return
+        view = await self._metadata()
+        leaders = {r.range_id: r.leader for r in view.ranges}
+        for shard in self._shards:
+            if shard.range_id in leaders:
+                shard.leader = leaders[shard.range_id]
+
+    async def _connect(self, address: str) -> ClientConnection:
+        connection = self._connections.get(address)
+        if connection is not None and not connection.closed:
+            return connection
+        connecting = self._connecting.get(address)
+        if connecting is None:
+            connecting = self._connecting[address] = asyncio.ensure_future(
                 ClientConnection.open(
                     self._runtime,
-                    self._address,
+                    address,
                     self._options.request_timeout_s,
                     credential_source=self._credential_source,
                     tls_context=self._tls_context,
                 )
             )
         try:
-            self._connection = await asyncio.shield(self._connecting)
+            connection = self._connections[address] = await asyncio.shield(connecting)
         finally:
-            if self._connecting is not None and self._connecting.done():
-                self._connecting = None
-        return self._connection
+            if connecting.done() and self._connecting.get(address) is connecting:
+                del self._connecting[address]
+        return connection
 
     def _on_acks(self, state: _Shard, first_seq: int, offsets: tuple[int, ...]) -> None:
         unacked = state.unacked
@@ -412,6 +438,7 @@ class NorthguardProducer(ShardProducer):
         state.stream = None
         stream.close()
         if error.retriable:
+            state.stale = True
             state.queue.extendleft(reversed(state.unacked))
             state.unacked.clear()
             state.failures += 1
@@ -476,5 +503,6 @@ class NorthguardProducer(ShardProducer):
                 state.deadline_timer = None
         for task in list(self._tasks):
             task.cancel()
-        if self._connection is not None:
-            await self._connection.close()
+        for connection in self._connections.values():
+            await connection.close()
+        self._connections.clear()

@@ -1,0 +1,272 @@
+"""Segment leadership on any broker (issue 15), on real broker processes.
+
+The coordinator (broker 1) owns metadata; each new segment is led by the first broker of its
+replica set, leaders spread least-led first.  Checked here: a topic's ranges are led by
+different brokers, clients stream to them (metadata ``leader_address``) and read every record
+back; a SIGKILLed leader that is not the coordinator loses no acknowledged record: the
+coordinator fences and seals its segment on the survivors at the smallest durable end, places
+the next segment on live brokers, and the producer follows the metadata to the new leader and
+resends only what was never acknowledged (stored once, in order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ng_harness import WAIT_S, RawClient, backend_for, read_until
+from test_ng_cluster import REPLICA_TIMEOUT_ARGS, checksums, request
+
+from backends.northguard import protocol
+from backends.northguard.launcher import NorthguardProcess, start_northguard_cluster
+from backends.northguard.protocol import MsgType
+from xinfra.backend import ProducerOptions
+from xinfra.keyspace import shard_ranges
+from xinfra.model import Record
+
+PRODUCE_TIMEOUT_S = 30.0
+"""The producer's request timeout: a leader's death must be absorbed well within it (the
+bound: one broker timeout to notice, one replica timeout per fence that does not answer, one
+placement and the producer's metadata refresh and reconnect)."""
+
+
+@pytest.fixture
+def clusters(tmp_path: Path) -> Iterator[Callable[..., list[NorthguardProcess]]]:
+    started: list[NorthguardProcess] = []
+
+    def start(count: int, **arguments: Any) -> list[NorthguardProcess]:
+        processes = start_northguard_cluster(
+            tmp_path / f"cluster-{len(started)}", count, **arguments
+        )
+        started.extend(processes)
+        return processes
+
+    yield start
+    for process in reversed(started):
+        process.stop()
+
+
+def broker_id(process: NorthguardProcess) -> str:
+    return process.name.rsplit(" ", 1)[-1]
+
+
+async def _wait(condition: Any, what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def _touch_every_range(processes: list[NorthguardProcess], topic: str, ranges: int) -> None:
+    """Create ``topic`` and append once to each range, so each has an active segment."""
+    backend = backend_for(processes[0].url)
+    try:
+        await backend.create_topic(topic, shard_ranges(ranges))
+        producer = backend.producer(topic, ProducerOptions(linger_ms=1))
+        await asyncio.gather(
+            *(producer.send(s, [Record(value=b"first-%d" % s)]) for s in range(ranges))
+        )
+        await producer.close()
+    finally:
+        await backend.close()
+
+
+def _leaders(process: NorthguardProcess, topic: str) -> dict[int, str]:
+    """Range id: id of the broker leading its active segment (from segment metadata)."""
+    ranges = request(process, "topic_metadata", name=topic)["ranges"]
+    return {r["range_id"]: r["leader"] for r in ranges}
+
+
+async def test_leaders_spread_and_clients_follow_them(clusters: Any) -> None:
+    processes = clusters(3, replication_factor=3)
+    await _touch_every_range(processes, "spread", 6)
+    leaders = _leaders(processes[1], "spread")  # a member answers metadata too
+    assert sorted(leaders.values()) == ["1", "1", "2", "2", "3", "3"], leaders
+    topic = request(processes[0], "topic_metadata", name="spread")
+    addresses = {broker_id(p): p.url for p in processes}
+    for range_ in topic["ranges"]:
+        assert range_["leader_address"] == addresses[range_["leader"]]
+        meta = request(processes[0], "segment_metadata", name="spread", range_id=range_["range_id"])
+        [segment] = meta["segments"]
+        assert segment["replicas"][0] == range_["leader"] and len(segment["replicas"]) == 3
+
+    # a broker that does not lead a range refuses its streams with not_leader (retriable)
+    range_id, leader = next((r, b) for r, b in leaders.items() if b != "2")
+    raw = RawClient(processes[1].url if leader != "2" else processes[2].url)
+    try:
+        raw.send(
+            protocol.encode_json(
+                MsgType.PRODUCE_OPEN,
+                5,
+                {"topic": "spread", "range_id": range_id, "producer_id": 1},
+            )
+        )
+        answer = raw.receive()
+        assert answer is not None and answer.type is MsgType.STREAM_ERROR
+        assert protocol.decode_json(answer.body)[1]["error"]["code"] == "not_leader"
+    finally:
+        raw.close()
+
+    backend = backend_for(",".join(p.url for p in processes))
+    try:
+        producer = backend.producer("spread", ProducerOptions(linger_ms=1))
+        for round_ in range(10):
+            await asyncio.gather(
+                *(
+                    producer.send(
+                        s, [Record(value=b"%d-%03d" % (s, round_ * 5 + i)) for i in range(5)]
+                    )
+                    for s in range(6)
+                )
+            )
+        await producer.close()
+        ends = await backend.reader("spread").end_offsets()
+        assert ends == dict.fromkeys(range(6), 51)  # the end each leader reports
+        for shard in range(6):
+            reader = backend.reader("spread")
+            reader.assign({shard: 0})
+            got = await read_until(reader, 51)
+            await reader.close()
+            assert [r.value for r in got] == [b"first-%d" % shard] + [
+                b"%d-%03d" % (shard, n) for n in range(50)
+            ]
+    finally:
+        await backend.close()
+    status = request(processes[0], "cluster_status")
+    assert sorted(row["leading_segments"] for row in status["brokers"]) == [2, 2, 2]
+    for range_ in topic["ranges"]:  # sealed by the coordinator on the leader and followers
+        meta = request(processes[0], "seal_segment", name="spread", range_id=range_["range_id"])
+        [segment] = meta["segments"]
+        assert segment["state"] == "sealed" and segment["end_offset"] == 51
+        assert len(set(checksums(processes, segment).values())) == 1
+
+
+async def keyed_produce_through_leader_kill(
+    processes: list[NorthguardProcess], topic: str, victims: int = 1
+) -> tuple[list[str], dict[str, Any], float]:
+    """Keyed produce at a steady pace to a range led by a member; once 300 records are
+    acknowledged, SIGKILL its leader (and, with ``victims`` 2, one follower too, at once);
+    300 more must be acknowledged after it.  Checks every acknowledged record is read back
+    once, in send order, and no send failed.  Returns the victims, the hit segment as sealed
+    and the seconds from the kill to the first acknowledgement of a record sent after it."""
+    coordinator = processes[0]
+    await _touch_every_range(processes, topic, 3)
+    leaders = _leaders(coordinator, topic)
+    range_id = next(r for r, b in sorted(leaders.items()) if b != "1")
+    shard = sorted(leaders).index(range_id)
+    backend = backend_for(coordinator.url, request_timeout_s="60")
+    producer = backend.producer(
+        topic, ProducerOptions(linger_ms=2, request_timeout_s=PRODUCE_TIMEOUT_S)
+    )
+    acknowledged: list[tuple[int, bytes]] = []
+    failures: list[BaseException] = []
+    stop = asyncio.Event()
+    killed_at: list[float] = []
+    resumed_at: list[float] = []
+
+    async def produce() -> None:
+        number = 0
+        in_flight: set[asyncio.Future[list[int]]] = set()
+        while not stop.is_set():
+            values = [b"key-%d:%09d" % (number % 7, number + i) for i in range(10)]
+            number += 10
+            sent_s = time.monotonic()
+            future = producer.send(shard, [Record(key=b"k", value=v) for v in values])
+
+            def settle(
+                done: asyncio.Future[list[int]],
+                values: list[bytes] = values,
+                sent_s: float = sent_s,
+            ) -> None:
+                error = done.exception()
+                if error is not None:
+                    failures.append(error)
+                    return
+                acknowledged.extend(zip(done.result(), values, strict=True))
+                if killed_at and not resumed_at and sent_s > killed_at[0]:
+                    resumed_at.append(time.monotonic())
+
+            future.add_done_callback(settle)
+            in_flight.add(future)
+            future.add_done_callback(in_flight.discard)
+            while len(in_flight) >= 8:
+                await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.sleep(0.002)
+        if in_flight:
+            await asyncio.wait(in_flight, timeout=WAIT_S * 2)
+
+    task = asyncio.create_task(produce())
+    try:
+        await _wait(lambda: len(acknowledged) >= 300, "acknowledgements before the fault")
+        meta = request(coordinator, "segment_metadata", name=topic, range_id=range_id)
+        active = meta["segments"][-1]
+        chosen = [active["replicas"][0]]
+        if victims == 2:
+            chosen.append(next(b for b in active["replicas"][1:] if b != "1"))
+        assert "1" not in chosen  # the coordinator survives: it owns the metadata
+        by_id = {broker_id(p): p for p in processes}
+        killed_at.append(time.monotonic())
+        for victim in chosen:
+            by_id[victim].kill()
+        hit_at = len(acknowledged)
+        await _wait(
+            lambda: len(acknowledged) >= hit_at + 300, "acknowledgements after the fault", 90
+        )
+    finally:
+        stop.set()
+        await task
+    assert failures == []
+    await producer.close()
+
+    reader = backend.reader(topic)
+    reader.assign({shard: 0})
+    end = max(offset for offset, _ in acknowledged) + 1
+    got = await read_until(reader, end, timeout_s=60)
+    await reader.close()
+    await backend.close()
+    stored = {record.offset: record.value for record in got}
+    assert [r.offset for r in got] == list(range(len(got)))
+    for offset, value in acknowledged:
+        assert stored[offset] == value, f"acknowledged offset {offset} lost or changed"
+    values = [r.value for r in got[1:]]  # after the first record of _touch_every_range
+    assert len(values) == len(set(values)), "a record was stored twice"
+    numbers = [int(value.split(b":")[1]) for value in values]
+    assert numbers == sorted(numbers), "records out of send order"
+    segments = request(coordinator, "segment_metadata", name=topic, range_id=range_id)["segments"]
+    hit = next(s for s in segments if s["segment_id"] == active["segment_id"])
+    assert hit["state"] == "sealed"
+    assert not set(chosen) & set(hit["replicas"]), hit
+    after = [s for s in segments if s["start_offset"] >= hit["end_offset"]]
+    assert after and all(len(s["replicas"]) == 3 for s in after)
+    assert all(not set(chosen) & set(s["replicas"]) for s in after)
+    live = [p for p in processes if broker_id(p) not in chosen]
+    assert len(set(checksums(live, hit).values())) == 1
+    assert resumed_at, "no record sent after the kill was acknowledged"
+    return chosen, hit, resumed_at[0] - killed_at[0]
+
+
+@pytest.mark.slow
+async def test_sigkill_of_a_member_leading_a_segment_under_keyed_produce(clusters: Any) -> None:
+    """Four brokers, replication factor 3 (three survivors hold a new replica set)."""
+    processes = clusters(4, replication_factor=3, extra_args=REPLICA_TIMEOUT_ARGS)
+    victims, hit, resumed_s = await keyed_produce_through_leader_kill(processes, "leader-kill")
+    status = request(processes[0], "cluster_status")
+    assert {r["broker_id"]: r["live"] for r in status["brokers"]}[victims[0]] is False
+    assert len(hit["replicas"]) == 2  # the two followers: the dead leader is left out
+    print(f"producer resumed {resumed_s:.2f} s after the leader's SIGKILL")
+
+
+@pytest.mark.slow
+async def test_sigkill_of_two_brokers_at_once_seals_at_the_survivor(clusters: Any) -> None:
+    """Five brokers, replication factor 3: the leader and a follower of the active segment die
+    together; it is sealed on its one survivor, and production continues on live brokers."""
+    processes = clusters(5, replication_factor=3, extra_args=REPLICA_TIMEOUT_ARGS)
+    victims, hit, resumed_s = await keyed_produce_through_leader_kill(
+        processes, "two-kill", victims=2
+    )
+    assert len(victims) == 2 and len(hit["replicas"]) == 1
+    print(f"producer resumed {resumed_s:.2f} s after two brokers' SIGKILL")
