@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ng_harness import WAIT_S, RawClient, backend_for, read_until
+from ng_harness import WAIT_S, RawClient, backend_for, broker_metrics, read_until
 from test_ng_cluster import REPLICA_TIMEOUT_ARGS, checksums, request
 
 from backends.northguard import protocol
@@ -138,6 +138,7 @@ async def test_leaders_spread_and_clients_follow_them(clusters: Any) -> None:
         await backend.close()
     status = request(processes[0], "cluster_status")
     assert sorted(row["leading_segments"] for row in status["brokers"]) == [2, 2, 2]
+    assert [broker_metrics(p)["northguard_segments_led"] for p in processes] == [2, 2, 2]
     for range_ in topic["ranges"]:  # sealed by the coordinator on the leader and followers
         meta = request(processes[0], "seal_segment", name="spread", range_id=range_["range_id"])
         [segment] = meta["segments"]
@@ -257,6 +258,7 @@ async def test_sigkill_of_a_member_leading_a_segment_under_keyed_produce(cluster
     status = request(processes[0], "cluster_status")
     assert {r["broker_id"]: r["live"] for r in status["brokers"]}[victims[0]] is False
     assert len(hit["replicas"]) == 2  # the two followers: the dead leader is left out
+    assert broker_metrics(processes[0])["northguard_leader_failovers_total"] >= 1
     print(f"producer resumed {resumed_s:.2f} s after the leader's SIGKILL")
 
 

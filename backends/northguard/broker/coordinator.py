@@ -322,6 +322,13 @@ class Coordinator:
     def runtime(self) -> Runtime:
         return self._runtime
 
+    @property
+    def segments_led(self) -> int:
+        """Active segments this broker leads (its range logs with an active segment here)."""
+        if self.leadership is not None:
+            return len(self.leadership.leading)
+        return sum(1 for r in self.logs.values() if r.active is not None and r.led_by is None)
+
     def _build_missing_log(self, range_id: int) -> RangeLog:
         meta = self.state.ranges.get(range_id)
         if meta is None:
