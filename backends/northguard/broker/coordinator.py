@@ -255,7 +255,7 @@ class Coordinator:
                 and self.state.segments[meta.segments[-1]].state is State.ACTIVE
                 and len(self.state.segments[meta.segments[-1]].replicas) > 1
             }
-            self._spawn(self._fence_restarted())
+            self._fencing = self._spawn(self._fence_restarted())  # maintenance waits for it
         self._maintenance = asyncio.create_task(self._maintain_forever())
         log.info(
             "coordinator recovered %d topics, %d ranges, %d segments (range logs built on first use)",
@@ -1320,8 +1320,11 @@ class Coordinator:
             if range_id not in self.state.ranges:
                 self._unfenced.discard(range_id)
                 continue
+            range_log = self.logs[range_id]
             try:
-                await self.logs[range_id].seal_active()
+                if range_log.needs_fence:  # only the segment the restart found (a roll a
+                    # leader asked for meanwhile may have sealed it and opened the next)
+                    await range_log.roll_segment(range_log.active, open_new=False)
             except XinfraError as error:
                 log.warning("range %s: fencing after the restart failed: %s", range_id, error)
                 continue
