@@ -22,8 +22,11 @@ from ng_harness import WAIT_S, RawClient, backend_for, broker_metrics, read_unti
 from test_ng_cluster import REPLICA_TIMEOUT_ARGS, checksums, request
 
 from backends.northguard import protocol
+from backends.northguard.broker.membership import Membership
+from backends.northguard.broker.placement import BrokerInfo
 from backends.northguard.launcher import NorthguardProcess, start_northguard_cluster
 from backends.northguard.protocol import MsgType
+from backends.northguard.runtime import RealRuntime
 from xinfra.backend import ProducerOptions
 from xinfra.keyspace import shard_ranges
 from xinfra.model import Record
@@ -163,6 +166,12 @@ def kill_leader_and_follower(
     for victim in chosen:
         processes[victim].kill()
     return chosen
+
+
+def restart_leader(processes: dict[str, NorthguardProcess], replicas: list[str]) -> list[str]:
+    processes[replicas[0]].kill()
+    processes[replicas[0]].restart()
+    return []
 
 
 def restart_coordinator(processes: dict[str, NorthguardProcess], _: list[str]) -> list[str]:
@@ -311,3 +320,32 @@ async def test_sigkill_and_restart_of_the_coordinator_while_a_member_leads(
     # the coordinator's own replica (a follower) broke its stream when it died: left out
     assert victims == [] and len(hit["replicas"]) >= 2 and hit["replicas"][0] != "1"
     print(f"first record sent after the coordinator's SIGKILL acknowledged {resumed_s:.2f} s later")
+
+
+@pytest.mark.slow
+async def test_a_leader_restarted_faster_than_its_timeout_is_failed_over(clusters: Any) -> None:
+    """A member leader SIGKILLed and restarted well within the broker timeout (10 s here) may
+    look live all along by heartbeats, yet the segments it led in memory are gone: the
+    coordinator fails them over as soon as it hears of it, from a replica stream to the dead
+    process that broke (as here, when the coordinator leads a segment it follows) or from the
+    new process's registration (a new incarnation: ``test_a_new_incarnation_...``)."""
+    processes = clusters(
+        4,
+        replication_factor=3,
+        extra_args=["--replica-timeout-s", "2", "--broker-timeout-s", "10"],
+    )
+    victims, hit, resumed_s = await keyed_produce_through_leader_kill(
+        processes, "leader-restart", restart_leader
+    )
+    assert victims == [] and hit["state"] == "sealed"
+    assert broker_metrics(processes[0])["northguard_leader_failovers_total"] >= 1
+    print(f"first record sent after the leader's restart acknowledged {resumed_s:.2f} s later")
+
+
+def test_a_new_incarnation_of_a_member_is_told_from_a_late_heartbeat() -> None:
+    """What lets the coordinator fail over a leader that restarted within its timeout."""
+    membership = Membership(RealRuntime(), BrokerInfo("1", {}), "127.0.0.1:1")
+    assert not membership.heartbeat("2", "127.0.0.1:2", {}, 0, "first")
+    assert not membership.heartbeat("2", "127.0.0.1:2", {}, 0, "first")  # a beat, late or not
+    assert membership.heartbeat("2", "127.0.0.1:2", {}, 0, "second")  # a new process
+    assert not membership.heartbeat("3", "127.0.0.1:3", {}, 0, "")  # an old member: none

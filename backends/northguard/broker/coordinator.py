@@ -372,16 +372,24 @@ class Coordinator:
         finally:
             self._failing_over.discard(range_id)
 
-    def _check_leaders(self) -> None:
-        """Start a fail-over for each active segment whose leader (a member) is no longer live."""
+    def _check_leaders(self, restarted: str | None = None) -> None:
+        """Start a fail-over for each active segment whose leader (a member) is no longer live,
+        or is ``restarted`` (a new process: the segments it led in memory are gone)."""
         for range_id, range_log in list(self.logs.items()):
             if not range_log.led_by or range_log.active is None or range_id in self._failing_over:
                 continue
             segment = self.state.segments.get(range_log.active)
-            if segment is None or self.membership.is_live(segment.replicas[0]):
+            if segment is None:
+                continue
+            leader = segment.replicas[0]
+            if leader != restarted and self.membership.is_live(leader):
                 continue
             self._failing_over.add(range_id)
             self._spawn(self._fail_over(range_log, range_log.active))
+
+    def broker_restarted(self, broker_id: str) -> None:
+        """A member registered from a new process: fail over the segments it led."""
+        self._check_leaders(restarted=broker_id)
 
     def _build_log(self, meta: RangeMeta) -> RangeLog:
         range_log = RangeLog(

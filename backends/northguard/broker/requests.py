@@ -116,12 +116,18 @@ async def _dispatch(coordinator: Coordinator, op: str, request: dict[str, Any]) 
             isinstance(k, str) and isinstance(v, str) for k, v in attributes.items()
         ):
             raise InvalidRequest("attributes must map strings to strings")
-        coordinator.membership.heartbeat(
-            str_field(request, "broker_id"),
+        member = str_field(request, "broker_id")
+        incarnation = request.get("incarnation") or ""
+        if not isinstance(incarnation, str) or len(incarnation) > 64:
+            raise InvalidRequest("incarnation is a string of at most 64 characters")
+        if coordinator.membership.heartbeat(
+            member,
             str_field(request, "address"),
             attributes,
             int_field(request, "store_bytes", default=0),
-        )
+            incarnation,
+        ):
+            coordinator.broker_restarted(member)
         return {"coordinator": coordinator.config.broker_id}
     if op == "replica_list":
         after = request.get("after") or ""

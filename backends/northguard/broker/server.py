@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -229,6 +230,8 @@ class Broker:
             arguments = {k: v for k, v in request.items() if k != "op"}
             return await peers.request(coordinator, str(request["op"]), **arguments)
 
+        incarnation = secrets.token_hex(8)  # this process: a restart is told from a late beat
+
         def registration() -> dict[str, Any]:
             return {
                 "op": "register_broker",
@@ -236,6 +239,7 @@ class Broker:
                 "address": address,
                 "attributes": dict(config.attributes),
                 "store_bytes": sum(info.size_bytes for info in self.store.segments()),
+                "incarnation": incarnation,
             }
 
         async def roll(request: dict[str, Any]) -> dict[str, Any]:

@@ -360,7 +360,7 @@ class NorthguardProducer(ShardProducer):
         if oldest.deadline > self._runtime.monotonic_s():
             self._arm_deadline(state)
             return
-        waited = f"not acknowledged in {self._options.request_timeout_s:g} s by Northguard broker {self._address}"
+        waited = f"not acknowledged in {self._options.request_timeout_s:g} s by Northguard broker {state.leader or self._address}"
         last = state.last_error
         if last is None or isinstance(last, Timeout):
             self._fail_shard(state, BackendTimeout(waited))
