@@ -12,6 +12,8 @@ resends only what was never acknowledged (stored once, in order).
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -172,6 +174,11 @@ def restart_leader(processes: dict[str, NorthguardProcess], replicas: list[str])
     processes[replicas[0]].kill()
     processes[replicas[0]].restart()
     return []
+
+
+def stop_leader(processes: dict[str, NorthguardProcess], replicas: list[str]) -> list[str]:
+    os.kill(processes[replicas[0]].pid, signal.SIGSTOP)  # sockets open, nothing answered
+    return replicas[:1]
 
 
 def restart_coordinator(processes: dict[str, NorthguardProcess], _: list[str]) -> list[str]:
@@ -349,3 +356,22 @@ def test_a_new_incarnation_of_a_member_is_told_from_a_late_heartbeat() -> None:
     assert not membership.heartbeat("2", "127.0.0.1:2", {}, 0, "first")  # a beat, late or not
     assert membership.heartbeat("2", "127.0.0.1:2", {}, 0, "second")  # a new process
     assert not membership.heartbeat("3", "127.0.0.1:3", {}, 0, "")  # an old member: none
+
+
+@pytest.mark.slow
+async def test_sigstop_of_a_member_leader_past_its_timeout(clusters: Any) -> None:
+    """A stopped leader keeps its sockets open and answers nothing: the coordinator fails its
+    segment over once its heartbeats stop (its fence times out: left out); the producer sees
+    no Ack for a quarter of its request timeout, refreshes the metadata and resends to the new
+    leader, before any send's deadline."""
+    processes = clusters(4, replication_factor=3, extra_args=REPLICA_TIMEOUT_ARGS)
+    try:
+        victims, hit, resumed_s = await keyed_produce_through_leader_kill(
+            processes, "leader-stop", stop_leader
+        )
+    finally:
+        for process in processes:
+            if process.popen is not None and process.popen.poll() is None:
+                os.kill(process.pid, signal.SIGCONT)
+    assert victims[0] not in hit["replicas"]
+    print(f"first record sent after the leader's SIGSTOP acknowledged {resumed_s:.2f} s later")

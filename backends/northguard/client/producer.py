@@ -68,6 +68,11 @@ PRODUCER_EPOCH = 0
 """Every producer id is fresh (random, 63 bits), so its first epoch is its only one; the field
 is for ids that outlive a process (a transactional id), whose new incarnation fences the old."""
 
+ACK_STALL_S_MIN = 1.0
+"""A stream with batches in flight and no Ack for ``max(this, request_timeout_s / 4)`` is
+reopened on the leader the refreshed metadata names (a stopped leader keeps its socket open
+and answers nothing while the coordinator moves its range on); the batches keep their
+deadlines and sequence numbers, so a resend is stored once."""
 RETRY_BACKOFF_S_MIN = 0.05
 RETRY_BACKOFF_S_MAX = 2.0
 """Bounds of the wait before a stream is reopened after a failure (doubling, with jitter)."""
@@ -108,6 +113,7 @@ class _Shard:
         "leader",
         "parts",
         "pending_bytes",
+        "progress_s",
         "queue",
         "range_id",
         "records",
@@ -123,6 +129,7 @@ class _Shard:
         self.range_id = range_id
         self.leader = leader  # host:port of the broker leading the range (None: the bootstrap)
         self.stale = False  # a stream failed: ask the metadata for the leader before reopening
+        self.progress_s = 0.0  # monotonic time of the last Ack, or of a send into an idle stream
         self.records: list[Record] = []
         self.parts: list[tuple[_Call, int, int]] = []
         self.pending_bytes = 0
@@ -155,6 +162,7 @@ class NorthguardProducer(ShardProducer):
         self._topic = topic
         self._options = options
         self._linger_s = options.linger_ms / 1000
+        self._stall_s = max(ACK_STALL_S_MIN, options.request_timeout_s / 4)
         self._loop = asyncio.get_running_loop()
         self._shards = [_Shard(i, r.range_id, r.leader) for i, r in enumerate(topic.ranges)]
         self._connections: dict[str, ClientConnection] = {}  # by address: one per leader
@@ -272,10 +280,17 @@ class NorthguardProducer(ShardProducer):
             return
         queue = state.queue
         try:
+            idle = bool(queue) and not state.unacked
+            if idle:
+                state.progress_s = self._runtime.monotonic_s()
             while queue and stream.has_room(len(queue[0].data)):
                 batch = queue.popleft()
                 state.unacked.append(batch)
                 stream.append(batch.seq, batch.data)
+            if idle and state.deadline_timer is not None:  # wake for a stall, not the deadline
+                state.deadline_timer.cancel()
+                state.deadline_timer = None
+                self._arm_deadline(state)
         except XinfraError as error:
             self._on_stream_failure(state, stream, error)
 
@@ -313,7 +328,9 @@ class NorthguardProducer(ShardProducer):
                     wait_s = (
                         state.queue[0].deadline - self._runtime.monotonic_s() if state.queue else 0
                     )
-                    await asyncio.wait_for(asyncio.shield(stream.opened), max(0.1, wait_s))
+                    await asyncio.wait_for(
+                        asyncio.shield(stream.opened), max(0.1, min(self._stall_s, wait_s))
+                    )
                     state.reopening = None
                     self._pump(state)
                     return
@@ -343,11 +360,15 @@ class NorthguardProducer(ShardProducer):
         return ceiling * (0.5 + 0.5 * self._runtime.random.random())
 
     def _arm_deadline(self, state: _Shard) -> None:
-        """Wake up at the oldest unacknowledged batch's deadline (one timer per shard)."""
+        """Wake up at the oldest unacknowledged batch's deadline, or sooner to look for a stalled
+        stream (one timer per shard)."""
         if state.deadline_timer is not None or self._closed_for_good(state):
             return
         oldest = state.unacked[0] if state.unacked else state.queue[0]
-        delay_s = max(0.0, oldest.deadline - self._runtime.monotonic_s())
+        wake_s = oldest.deadline
+        if state.unacked:
+            wake_s = min(wake_s, state.progress_s + self._stall_s)
+        delay_s = max(0.0, wake_s - self._runtime.monotonic_s())
         state.deadline_timer = self._runtime.call_later(
             delay_s, functools.partial(self._on_deadline, state)
         )
@@ -357,7 +378,19 @@ class NorthguardProducer(ShardProducer):
         if self._closed_for_good(state):
             return
         oldest = state.unacked[0] if state.unacked else state.queue[0]
-        if oldest.deadline > self._runtime.monotonic_s():
+        now_s = self._runtime.monotonic_s()
+        if oldest.deadline > now_s:
+            stream = state.stream
+            if stream is not None and state.unacked and now_s - state.progress_s >= self._stall_s:
+                state.progress_s = now_s  # one reopen per stall period
+                self._on_stream_failure(
+                    state,
+                    stream,
+                    BackendTimeout(
+                        f"no acknowledgement in {self._stall_s:g} s from Northguard broker "
+                        f"{state.leader or self._address}; reopening on the current leader"
+                    ),
+                )
             self._arm_deadline(state)
             return
         waited = f"not acknowledged in {self._options.request_timeout_s:g} s by Northguard broker {state.leader or self._address}"
@@ -403,6 +436,7 @@ class NorthguardProducer(ShardProducer):
 
     def _on_acks(self, state: _Shard, first_seq: int, offsets: tuple[int, ...]) -> None:
         unacked = state.unacked
+        state.progress_s = self._runtime.monotonic_s()
         state.failures = 0
         state.last_error = None
         for position, base_offset in enumerate(offsets):
