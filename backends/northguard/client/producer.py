@@ -56,6 +56,7 @@ from xinfra.backend import ProducerOptions, ShardProducer
 from xinfra.errors import (
     BackendTimeout,
     Backpressure,
+    NotLeader,
     RecordTooLarge,
     Timeout,
     XinfraError,
@@ -307,7 +308,8 @@ class NorthguardProducer(ShardProducer):
     async def _open_stream(self, state: _Shard) -> None:
         try:
             while state.queue:
-                if state.failures:
+                moved = state.failures == 1 and isinstance(state.last_error, NotLeader)
+                if state.failures and not moved:  # a first not_leader: straight to the leader
                     await self._runtime.sleep(self._backoff_s(state))
                     if not state.queue:  # failed by its deadline meanwhile
                         return
