@@ -1067,7 +1067,9 @@ class Coordinator:
             segments = [sid for rid in topic.ranges for sid in self.state.ranges[rid].segments]
             holders = {sid: list(self.state.segments[sid].replicas) for sid in segments}
             for range_log in logs:
-                range_log.meta.state = State.SEALED  # refuse new appends at once
+                # refuse new appends and segments at once; never the metadata itself, which
+                # only ops change (an open_segment being written now must still apply)
+                range_log.closing = True
             for range_log in logs:
                 await range_log.stop()
 
