@@ -375,3 +375,34 @@ async def test_sigstop_of_a_member_leader_past_its_timeout(clusters: Any) -> Non
                 os.kill(process.pid, signal.SIGCONT)
     assert victims[0] not in hit["replicas"]
     print(f"first record sent after the leader's SIGSTOP acknowledged {resumed_s:.2f} s later")
+
+
+async def test_a_leader_serves_sealed_segments_it_does_not_hold(clusters: Any) -> None:
+    """A leader need not hold every segment of its range (after a leader change it holds
+    those it was a replica of).  Here the leader's copy of the range's first sealed segment
+    is deleted: a reader from offset 0 still gets every record, that segment read from
+    another replica (a consume stream naming it), the rest from the leader."""
+    processes = clusters(3, replication_factor=3, extra_args=["--segment-bytes-max", "4000"])
+    await _touch_every_range(processes, "old", 3)
+    leaders = _leaders(processes[0], "old")
+    range_id = next(r for r, b in sorted(leaders.items()) if b != "1")
+    shard = sorted(leaders).index(range_id)
+    backend = backend_for(processes[0].url)
+    try:
+        producer = backend.producer("old", ProducerOptions(linger_ms=0))
+        values = [b"v-%05d-" % n + b"x" * 100 for n in range(200)]
+        for n in range(0, 200, 10):
+            await producer.send(shard, [Record(key=b"k", value=v) for v in values[n : n + 10]])
+        await producer.close()
+        meta = request(processes[0], "segment_metadata", name="old", range_id=range_id)
+        sealed = [s for s in meta["segments"] if s["state"] == "sealed"]
+        assert len(sealed) >= 2 and meta["leader"] == leaders[range_id]
+        leader = {broker_id(p): p for p in processes}[meta["leader"]]
+        request(leader, "replica_delete", segment_id=sealed[0]["segment_id"])
+        reader = backend.reader("old")
+        reader.assign({shard: 0})
+        got = await read_until(reader, 201, timeout_s=60)
+        await reader.close()
+        assert [r.value for r in got] == [b"first-%d" % shard, *values]
+    finally:
+        await backend.close()

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -82,7 +83,12 @@ from typing import Any
 
 from backends.northguard.batch import check_batch, record_timestamps
 from backends.northguard.broker.journal import JOURNAL_OPS_MAX, FileJournal
-from backends.northguard.broker.leadership import Leadership, lead_payload, open_followers
+from backends.northguard.broker.leadership import (
+    Leadership,
+    lead_payload,
+    open_followers,
+    read_remote,
+)
 from backends.northguard.broker.membership import BROKER_TIMEOUT_S, Membership
 from backends.northguard.broker.peers import PeerPool
 from backends.northguard.broker.placement import (
@@ -106,7 +112,7 @@ from backends.northguard.broker.state import (
 )
 from backends.northguard.runtime import Runtime
 from backends.northguard.shielded import to_completion
-from backends.northguard.store.base import SegmentState, SegmentStore
+from backends.northguard.store.base import Entry, SegmentState, SegmentStore
 from xinfra.errors import (
     Conflict,
     InvalidRequest,
@@ -401,8 +407,23 @@ class Coordinator:
             segment_bytes_max=self.config.segment_bytes_max,
             segment_age_ms_max=int(self.config.segment_age_s_max * 1000),
         )
+        if self.peers is not None:
+            range_log.remote_read = functools.partial(self._read_remote, meta.topic)
         self.logs[meta.range_id] = range_log
         return range_log
+
+    async def _read_remote(
+        self, topic: str, segment: SegmentMeta, offset: int, bytes_max: int
+    ) -> list[Entry]:
+        peers = self.peers
+        assert peers is not None
+        leadership = self.leadership
+        address_of = (
+            leadership.addresses.get if leadership is not None else self.membership.address_of
+        )
+        return await read_remote(
+            peers, address_of, segment, topic, offset, bytes_max, self.config.replica_timeout_s
+        )
 
     async def _commit(
         self, op: dict[str, Any], precondition: Callable[[], None] | None = None

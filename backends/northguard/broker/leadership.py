@@ -33,12 +33,23 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from backends.northguard.batch import check_batch
 from backends.northguard.broker.peers import PeerPool
 from backends.northguard.broker.range_log import RangeLog
 from backends.northguard.broker.replication import ReplicaStream, Replicator
 from backends.northguard.broker.state import RangeMeta, SegmentMeta, State, TopicMeta
+from backends.northguard.client.consume_stream import ConsumeStream
+from backends.northguard.protocol import CONSUME_WINDOW_BYTES_MAX
 from backends.northguard.runtime import Runtime
-from xinfra.errors import NotFound, NotLeader, Unavailable, XinfraError
+from backends.northguard.store.base import Entry
+from xinfra.errors import (
+    BackendTimeout,
+    NotFound,
+    NotLeader,
+    OffsetOutOfRange,
+    Unavailable,
+    XinfraError,
+)
 
 if TYPE_CHECKING:
     from backends.northguard.broker.coordinator import Coordinator
@@ -102,15 +113,63 @@ async def open_followers(
     return replicator
 
 
+async def read_remote(
+    peers: PeerPool,
+    address_of: Callable[[str], str | None],
+    segment: SegmentMeta,
+    topic: str,
+    offset: int,
+    bytes_max: int,
+    timeout_s: float,
+) -> list[Entry]:
+    """Entries of a sealed segment this broker does not hold (it leads the range, yet was not
+    a replica of that segment), from the first replica that serves them: a consume stream
+    naming the segment (as re-replication reads).  A cold path: one stream per call."""
+    failure: XinfraError | None = None
+    window = max(1, min(bytes_max, CONSUME_WINDOW_BYTES_MAX))
+    for broker_id in segment.replicas:
+        address = address_of(broker_id)
+        if address is None:
+            continue
+        try:
+            connection = await peers.connection(address)
+        except XinfraError as error:
+            failure = error
+            continue
+        data = asyncio.Event()
+        stream = ConsumeStream(
+            connection, topic, segment.range_id, offset, window, data.set, segment.segment_id
+        )
+        try:
+            while not stream.entries and stream.failure is None:
+                data.clear()
+                await asyncio.wait_for(data.wait(), timeout_s)
+        except TimeoutError:
+            failure = BackendTimeout(f"broker {broker_id} sent nothing of {segment.segment_id}")
+            continue
+        finally:
+            pushed, failure = list(stream.entries), stream.failure or failure
+            stream.close()  # (clears its entries)
+        if pushed:
+            return [Entry(base, check_batch(batch)[0], batch) for base, batch in pushed]
+    raise OffsetOutOfRange(
+        f"offset {offset} of range {segment.range_id} is in segment {segment.segment_id}, "
+        f"which no replica served: {failure.message if failure else 'none is known'}"
+    )
+
+
 def lead_payload(coordinator: Coordinator, meta: RangeMeta, segment_id: str) -> dict[str, Any]:
     """What ``lead_segment`` tells a leader: the range's metadata and its followers' addresses."""
     state = coordinator.state
     topic = state.topics[meta.topic]
     segment = state.segments[segment_id]
     addresses = {b: coordinator.membership.address_of(b) for b in segment.replicas[1:]}
+    mirrored = meta.segments[-MIRROR_SEGMENTS_MAX:]
+    holders = {b for sid in mirrored for b in state.segments[sid].replicas}
     return {
         "segment_id": segment_id,
         "followers": addresses,
+        "addresses": {b: coordinator.membership.address_of(b) for b in sorted(holders)},
         "topic": {
             "name": topic.name,
             "policy": topic.policy,
@@ -133,7 +192,7 @@ def lead_payload(coordinator: Coordinator, meta: RangeMeta, segment_id: str) -> 
                 "replicas": state.segments[sid].replicas,
                 "created_ms": state.segments[sid].created_ms,
             }
-            for sid in meta.segments[-MIRROR_SEGMENTS_MAX:]
+            for sid in mirrored
         ],
     }
 
@@ -149,6 +208,7 @@ class Leadership:
         self._coordinator = coordinator
         self._forward = forward
         self.leading: dict[str, int] = {}  # segment id: range id, of the segments led here
+        self.addresses: dict[str, str] = {}  # broker id: address, of the mirrored replicas
         self._locks: dict[int, asyncio.Lock] = {}
 
     def range_log_of(self, segment_id: str) -> RangeLog | None:
@@ -164,6 +224,9 @@ class Leadership:
         async with lock:
             if segment_id in self.leading:
                 return
+            for broker, address in (payload.get("addresses") or {}).items():
+                if address is not None:
+                    self.addresses[str(broker)] = str(address)
             range_log = coordinator.logs.get(range_id)
             segments = payload["segments"]
             me = coordinator.config.broker_id

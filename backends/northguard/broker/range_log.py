@@ -203,6 +203,9 @@ class RangeLog:
         else:
             self.producers_loaded.set_result(None)
         self.closing = False  # a split, merge or topic seal is sealing this range: no new segment
+        self.remote_read: Callable[[SegmentMeta, int, int], Awaitable[list[Entry]]] | None = None
+        """Reads a sealed segment this broker does not hold from one of its replicas (set in
+        a cluster: a leader need not hold every segment of its range)."""
         self.led_by: str | None = None
         """The address of the broker leading the active segment when it is not this one
         (appends and reads are refused with ``NotLeader``: clients go there)."""
@@ -600,6 +603,15 @@ class RangeLog:
         try:
             entries = await self._store.read(segment_id, offset, bytes_max)
         except NotFound as error:
+            segment = self._segments.get(segment_id)
+            if (
+                self.remote_read is not None
+                and segment is not None
+                and segment.state is State.SEALED
+                and self.meta.start_offset <= offset
+            ):
+                entries = await self.remote_read(segment, offset, bytes_max)
+                return [entry for entry in entries if entry.base_offset < committed]
             raise OffsetOutOfRange(
                 f"offset {offset} of range {meta.range_id} is no longer stored ({error.message})"
             ) from error
