@@ -444,13 +444,12 @@ class RangeLog:
             for listener in list(self._listeners):
                 listener()
 
-    async def seal_active(self, open_new: bool = False) -> None:
-        """Seal the active segment (on demand, by age, or its leader failed); open a new one
-        when asked (else the next append does)."""
+    async def seal_active(self) -> None:
+        """Seal the active segment (on demand or by age) without opening a new one."""
         while self._roll_task is not None:
             await asyncio.shield(self._roll_task)
-        if self.active is not None or self._broken is not None or open_new:
-            self._start_roll(open_new=open_new)
+        if self.active is not None or self._broken is not None:
+            self._start_roll(open_new=False)
             task = self._roll_task
             if task is not None:
                 await asyncio.shield(task)
