@@ -25,6 +25,7 @@ once, here, so a bad CA is refused at construction.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping, Sequence
 
@@ -144,14 +145,14 @@ class NorthguardBackend(Backend):
         view = self._views.get(topic)
         if view is None:
             view = TopicView.from_json(self._request_blocking("topic_metadata", name=topic))
-        leaders = {r.leader for r in view.ranges if r.leader is not None}
         producer = NorthguardProducer(
             self._runtime,
-            leaders.pop() if len(leaders) == 1 else self.address,
+            self.address,
             view,
             options or ProducerOptions(),
             self.credential,
             self._tls_context,
+            functools.partial(self._admin.topic, topic),
         )
         self._producers.add(producer)
         return producer

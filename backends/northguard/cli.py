@@ -228,7 +228,7 @@ def status(
         typer.echo(
             f"  {row['broker_id']:>6} {row['address']:<21} {'live' if row['live'] else 'DOWN':<4} "
             f"{row['role']:<11} attrs={attributes} active_segments={row['active_segments']} "
-            f"store_bytes={row['store_bytes']}"
+            f"leading={row.get('leading_segments', 0)} store_bytes={row['store_bytes']}"
         )
     typer.echo(f"segments: {result['segments_total']} ({len(result['segments'])} listed)")
     for segment in result["segments"]:

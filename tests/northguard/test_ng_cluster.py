@@ -223,7 +223,7 @@ async def keyed_produce_through(
         await _wait(lambda: len(acknowledged) >= 300, "acknowledgements before the fault")
         meta = request(coordinator, "segment_metadata", name=topic, range_id=1)
         active = meta["segments"][-1]
-        victim_id = next(b for b in active["replicas"] if b != "1")
+        victim_id = next(b for b in active["replicas"][1:] if b != "1")  # a follower
         victim = next(p for p in processes if p.name.endswith(f" {victim_id}"))
         fault(victim)
         hit_at = len(acknowledged)
@@ -325,7 +325,8 @@ async def _wait(condition: Any, what: str, timeout_s: float = WAIT_S) -> None:
 async def test_sigkill_and_restart_of_the_coordinator(
     three_brokers: list[NorthguardProcess],
 ) -> None:
-    """The coordinator leads every active segment, so its SIGKILL stops produce until it is
+    """The coordinator leads the range's segment here (the first segment's leader is the
+    least-led broker, ties to the lowest id), so its SIGKILL stops produce until it is
     back; on restart it fences the replicated active segment at the smallest end among the
     replicas (nothing acknowledged lost, no unacknowledged tail published), rebuilds the
     producer table from it, and the producer's resends are neither lost nor stored twice."""

@@ -36,11 +36,12 @@ import time
 from typing import Any
 
 from backends.northguard import protocol
-from backends.northguard.broker.consume_session import ConsumeSession
+from backends.northguard.broker.consume_session import ConsumeSession, SealedSegment
 from backends.northguard.broker.coordinator import Coordinator
 from backends.northguard.broker.fields import int_field, str_field
 from backends.northguard.broker.metrics import BrokerMetrics
 from backends.northguard.broker.produce_session import PRODUCE_WINDOW_BYTES_MAX, ProduceSession
+from backends.northguard.broker.range_log import RangeLog
 from backends.northguard.broker.replication import ReplicaSession
 from backends.northguard.broker.requests import BROKER_OPS, handle_request, operation_of
 from backends.northguard.credentials import ADMIN, ALL_TOPICS, READ, WRITE, Claims, verify
@@ -48,7 +49,6 @@ from backends.northguard.protocol import MsgType
 from xinfra.errors import (
     Backpressure,
     InvalidRequest,
-    NotLeader,
     OffsetOutOfRange,
     ProtocolError,
     StorageError,
@@ -305,22 +305,15 @@ class BrokerConnection:
                 )
             )
 
-    def _not_leader(self) -> None:
-        """A member leads no range (the coordinator leads them all in this release)."""
-        if self._coordinator.config.member:
-            raise NotLeader(
-                f"broker {self._coordinator.config.broker_id} leads no range; stream to the "
-                "leader topic metadata names (leader_address)"
-            )
-
     def _open_produce(self, stream_id: int, payload: dict[str, Any]) -> None:
         topic, range_id = str_field(payload, "topic"), int_field(payload, "range_id")
         self._authorize(WRITE, topic)
-        self._not_leader()
         window = int_field(payload, "window_bytes", low=1, default=PRODUCE_WINDOW_BYTES_MAX)
         window = min(window, PRODUCE_WINDOW_BYTES_MAX)
         producer_id = int_field(payload, "producer_id")
-        range_log = self._coordinator.range_log(topic, range_id)
+        range_log = self._coordinator.range_log(topic, range_id)  # NotLeader: not led here
+        if range_log.led_by is not None:
+            raise range_log.not_leader()
         if (failure := self._coordinator.store_failure) is not None:
             raise StorageError(f"this broker takes no appends until its store recovers: {failure}")
         self._producers[stream_id] = ProduceSession(
@@ -363,19 +356,23 @@ class BrokerConnection:
     def _open_consume(self, stream_id: int, payload: dict[str, Any]) -> None:
         topic, range_id = str_field(payload, "topic"), int_field(payload, "range_id")
         self._authorize(READ, topic)
-        self._not_leader()
         offset = int_field(payload, "offset", high=(1 << 63) - 1)
         window = int_field(payload, "window_bytes", low=1, high=protocol.CONSUME_WINDOW_BYTES_MAX)
-        range_log = self._coordinator.range_log(topic, range_id)
-        meta = range_log.meta
-        if not meta.start_offset <= offset <= range_log.committed:
-            raise OffsetOutOfRange(
-                f"offset {offset} is outside range {meta.range_id} "
-                f"[{meta.start_offset}, {range_log.committed}]"
-            )
+        source: RangeLog | SealedSegment
+        if "segment_id" in payload:  # one sealed segment this broker holds (re-replication)
+            self._authorize(ADMIN, ALL_TOPICS)
+            source = SealedSegment(self._coordinator.store, str_field(payload, "segment_id"))
+            start, end = source.start_offset, source.end_offset
+        else:
+            source = self._coordinator.range_log(topic, range_id)  # NotLeader: not led here
+            if source.led_by is not None:
+                raise source.not_leader()
+            start, end = source.meta.start_offset, source.committed
+        if not start <= offset <= end:
+            raise OffsetOutOfRange(f"offset {offset} is outside range {range_id} [{start}, {end}]")
         consumer = ConsumeSession(
             stream_id,
-            range_log,
+            source,
             offset,
             window,
             self._write_and_drain,
@@ -388,7 +385,7 @@ class BrokerConnection:
             protocol.encode_json(
                 MsgType.CONSUME_OPENED,
                 stream_id,
-                {"start_offset": meta.start_offset, "end_offset": range_log.committed},
+                {"start_offset": start, "end_offset": end},
             )
         )
         consumer.start()

@@ -22,17 +22,44 @@ from backends.northguard.batch import check_batch
 from backends.northguard.broker.metrics import BrokerMetrics
 from backends.northguard.broker.range_log import RangeLog
 from backends.northguard.protocol import CONSUME_WINDOW_BYTES_MAX
+from backends.northguard.store.base import Entry, SegmentState, SegmentStore
 from xinfra.errors import InvalidRequest, XinfraError
 
 PUSH_BYTES_MAX = 4 << 20
 """Batch bytes in one Push frame (well under the frame limit)."""
 
 
+class SealedSegment:
+    """One sealed segment of this broker's store, read like a range log (re-replication reads a
+    segment from any replica: a follower has no range log of its range)."""
+
+    def __init__(self, store: SegmentStore, segment_id: str) -> None:
+        info = store.segment(segment_id)  # NotFound: not held here
+        if info.state is not SegmentState.SEALED:
+            raise InvalidRequest(f"segment {segment_id} is not sealed here")
+        self._store = store
+        self.segment_id = segment_id
+        self.start_offset = info.start_offset
+        self.end_offset = info.end_offset
+
+    async def read(self, offset: int, bytes_max: int) -> list[Entry]:
+        if offset >= self.end_offset:
+            return []
+        entries = await self._store.read(self.segment_id, offset, bytes_max)
+        return [entry for entry in entries if entry.base_offset < self.end_offset]
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """A sealed segment never grows: nothing to wake."""
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        """See ``add_listener``."""
+
+
 class ConsumeSession:
     def __init__(
         self,
         stream_id: int,
-        range_log: RangeLog,
+        range_log: RangeLog | SealedSegment,
         offset: int,
         window_bytes: int,
         send: Callable[[bytes], Awaitable[None]],

@@ -47,27 +47,35 @@ ranges x (sealed_segments_max + 1) x 190 B.  Measured: 40,000 segments make a
 busy test machine), in a worker thread that still shares the GIL with the
 loop (switching every 5 ms).
 
-**Cluster (issue 15, first slice).**  This broker's coordinator owns all
-metadata (the one vnode) and leads every active segment; other brokers are
-members (``membership.py``) that register and heartbeat.  A new segment's
-replica set is chosen under the topic's policy from the live brokers, least
-loaded first (active segments, then stored bytes), this broker first:
-``replica_create`` on each follower, replica streams opened, then the
-``open_segment`` op.  Sealing a replicated segment *fences* it: each
-follower stops taking ReplicaAppends and answers its durable end; the seal
-point is the smallest end among the survivors (this broker included), every
-survivor truncates to it and seals, and ``seal_segment`` records the
-survivors as the segment's replicas (fewer than asked: under-replicated).
-A follower that does not answer is left out.  A member broker runs no
-coordinator: its metadata requests are forwarded here (``forward``).
+**Cluster (issue 15).**  This broker's coordinator owns all metadata (the
+one vnode); other brokers are members (``membership.py``) that register and
+heartbeat.  A new segment's replica set is chosen under the topic's policy
+from the live brokers, least loaded first (active segments, then stored
+bytes); its first broker *leads* it (``_place``: leaders spread least-led
+first and stay where they are while live): ``replica_create`` on each
+replica, then, led here, replica streams opened and the ``open_segment``
+op; led by a member, the op and then ``lead_segment`` (``leadership.py``).
+Sealing a replicated segment *fences* every replica, its leader included
+(``_fence_and_seal``): each stops taking appends and answers its durable
+end; the seal point is the smallest end among the survivors, every survivor
+truncates to it and seals, and ``seal_segment`` records the survivors as the
+segment's replicas (fewer than asked: under-replicated).  A replica that
+does not answer is left out.  The same seal serves a failed follower, a
+member leader's roll (``roll_for_leader``), an age limit, and a dead leader
+(``_check_leaders``).  A member broker runs no coordinator: its metadata
+requests are forwarded here (``forward``); its range logs are those of the
+segments it leads, over a mirror of their ranges' metadata.
 
-Control plane only: records never pass through here; ``RangeLog`` moves them.
+Control plane only: records never pass through here; ``RangeLog`` moves them
+(here, for the ranges whose active segment this broker leads; a range led by
+a member has a log here too, which refuses appends with ``NotLeader``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -75,6 +83,12 @@ from typing import Any
 
 from backends.northguard.batch import check_batch, record_timestamps
 from backends.northguard.broker.journal import JOURNAL_OPS_MAX, FileJournal
+from backends.northguard.broker.leadership import (
+    Leadership,
+    lead_payload,
+    open_followers,
+    read_remote,
+)
 from backends.northguard.broker.membership import BROKER_TIMEOUT_S, Membership
 from backends.northguard.broker.peers import PeerPool
 from backends.northguard.broker.placement import (
@@ -83,24 +97,27 @@ from backends.northguard.broker.placement import (
     StoragePolicy,
     choose_additional_replica,
     choose_replicas,
+    leader_first,
     policy_from_json,
     with_replication_factor,
 )
 from backends.northguard.broker.range_log import RangeLog
-from backends.northguard.broker.replication import (
-    REPLICA_TIMEOUT_S,
-    ReplicaHost,
-    ReplicaStream,
-    Replicator,
+from backends.northguard.broker.replication import REPLICA_TIMEOUT_S, ReplicaHost, Replicator
+from backends.northguard.broker.state import (
+    MetadataState,
+    RangeMeta,
+    SegmentMeta,
+    State,
+    TopicMeta,
 )
-from backends.northguard.broker.state import MetadataState, RangeMeta, State, TopicMeta
 from backends.northguard.runtime import Runtime
 from backends.northguard.shielded import to_completion
-from backends.northguard.store.base import SegmentState, SegmentStore
+from backends.northguard.store.base import Entry, SegmentState, SegmentStore
 from xinfra.errors import (
     Conflict,
     InvalidRequest,
     NotFound,
+    NotLeader,
     Sealed,
     ShardOutOfRange,
     StorageError,
@@ -208,6 +225,11 @@ class Coordinator:
         self.healed = 0  # replicas added by re-replication since start
         self.replica_failures = 0  # followers left out of a seal since start
         self.under_replicated = 0  # at the last heal scan
+        self.leadership: Leadership | None = None  # a member: the segments it leads
+        self._leader_ends: dict[int, int] = {}  # committed offsets leaders reported, by range
+        self._reported_failed: dict[str, set[str]] = {}  # followers a leader reported failed
+        self._failing_over: set[int] = set()  # ranges whose dead leader's segment is being sealed
+        self.leader_failovers = 0  # segments sealed because their leader died, since start
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -239,7 +261,7 @@ class Coordinator:
                 and self.state.segments[meta.segments[-1]].state is State.ACTIVE
                 and len(self.state.segments[meta.segments[-1]].replicas) > 1
             }
-            self._spawn(self._fence_restarted())
+            self._fencing = self._spawn(self._fence_restarted())  # maintenance waits for it
         self._maintenance = asyncio.create_task(self._maintain_forever())
         log.info(
             "coordinator recovered %d topics, %d ranges, %d segments (range logs built on first use)",
@@ -302,11 +324,78 @@ class Coordinator:
                     await task  # a journal write or a snapshot install in flight finishes first
         self._journal.close()
 
+    @property
+    def runtime(self) -> Runtime:
+        return self._runtime
+
+    @property
+    def segments_led(self) -> int:
+        """Active segments this broker leads (its range logs with an active segment here)."""
+        if self.leadership is not None:
+            return len(self.leadership.leading)
+        return sum(1 for r in self.logs.values() if r.active is not None and r.led_by is None)
+
     def _build_missing_log(self, range_id: int) -> RangeLog:
         meta = self.state.ranges.get(range_id)
         if meta is None:
             raise KeyError(range_id)
-        return self._build_log(meta)
+        range_log = self._build_log(meta)
+        if meta.segments and self.leadership is None:
+            last = self.state.segments[meta.segments[-1]]
+            if last.state is State.ACTIVE and last.replicas[0] != self._me.broker_id:
+                range_log.led_by = self.membership.address_of(last.replicas[0]) or ""
+        return range_log
+
+    async def roll_for_leader(
+        self, name: str, range_id: int, segment_id: str | None, open_new: bool, failed: list[str]
+    ) -> dict[str, Any]:
+        """``roll_segment``, from a member leading the range: seal its active segment (unless
+        another roll already did), open the next when asked; answer the active segment now."""
+        range_log = self.range_log(name, range_id)
+        if segment_id is not None and failed:
+            self._reported_failed.setdefault(segment_id, set()).update(failed)
+        await range_log.roll_segment(segment_id, open_new)
+        active = range_log.active
+        if active is None:
+            return {"segment_id": None}
+        leader = self.state.segments[active].replicas[0]
+        return {
+            "segment_id": active,
+            "leader": leader,
+            "leader_address": self.membership.address_of(leader),
+        }
+
+    async def _fail_over(self, range_log: RangeLog, segment_id: str) -> None:
+        """The leader of ``segment_id`` died: seal it on the survivors, open the next on live
+        brokers (producers find it through the metadata and resend what was not acknowledged)."""
+        range_id = range_log.meta.range_id
+        try:
+            log.warning("segment %s: its leader is not live; sealing it", segment_id)
+            await range_log.roll_segment(segment_id, open_new=True)
+            self.leader_failovers += 1
+        except XinfraError as error:
+            log.warning("segment %s: fail-over failed (retried): %s", segment_id, error)
+        finally:
+            self._failing_over.discard(range_id)
+
+    def _check_leaders(self, restarted: str | None = None) -> None:
+        """Start a fail-over for each active segment whose leader (a member) is no longer live,
+        or is ``restarted`` (a new process: the segments it led in memory are gone)."""
+        for range_id, range_log in list(self.logs.items()):
+            if not range_log.led_by or range_log.active is None or range_id in self._failing_over:
+                continue
+            segment = self.state.segments.get(range_log.active)
+            if segment is None:
+                continue
+            leader = segment.replicas[0]
+            if leader != restarted and self.membership.is_live(leader):
+                continue
+            self._failing_over.add(range_id)
+            self._spawn(self._fail_over(range_log, range_log.active))
+
+    def broker_restarted(self, broker_id: str) -> None:
+        """A member registered from a new process: fail over the segments it led."""
+        self._check_leaders(restarted=broker_id)
 
     def _build_log(self, meta: RangeMeta) -> RangeLog:
         range_log = RangeLog(
@@ -318,8 +407,23 @@ class Coordinator:
             segment_bytes_max=self.config.segment_bytes_max,
             segment_age_ms_max=int(self.config.segment_age_s_max * 1000),
         )
+        if self.peers is not None:
+            range_log.remote_read = functools.partial(self._read_remote, meta.topic)
         self.logs[meta.range_id] = range_log
         return range_log
+
+    async def _read_remote(
+        self, topic: str, segment: SegmentMeta, offset: int, bytes_max: int
+    ) -> list[Entry]:
+        peers = self.peers
+        assert peers is not None
+        leadership = self.leadership
+        address_of = (
+            leadership.addresses.get if leadership is not None else self.membership.address_of
+        )
+        return await read_remote(
+            peers, address_of, segment, topic, offset, bytes_max, self.config.replica_timeout_s
+        )
 
     async def _commit(
         self, op: dict[str, Any], precondition: Callable[[], None] | None = None
@@ -479,16 +583,17 @@ class Coordinator:
     async def _roll(self, range_log: RangeLog, open_new: bool) -> str | None:
         """Seal the range's active segment (at the smallest end among its surviving replicas);
         open a new one on a fresh replica set when asked."""
+        if self.leadership is not None:  # a member leads it: the coordinator rolls
+            return await self.leadership.roll(range_log, open_new)
         meta = range_log.meta
         if range_log.active is not None:
             segment_id = range_log.active
             segment = self.state.segments[segment_id]
-            followers = [b for b in segment.replicas if b != self._me.broker_id]
-            if followers:
-                end, survivors = await self._fence_and_seal(range_log, segment_id, followers)
-            else:
+            if segment.replicas == [self._me.broker_id]:
                 info = await self._store.seal(segment_id, range_log.durable_end())
                 end, survivors = info.end_offset, list(segment.replicas)
+            else:
+                end, survivors = await self._fence_and_seal(range_log, segment)
 
             def still_active() -> None:
                 # the topic may have been deleted (or the segment sealed) while the store sealed
@@ -507,6 +612,7 @@ class Coordinator:
             await self._commit(op, still_active)
             range_log.sync_committed(end)
             range_log.closed_segment()
+            range_log.led_by = None  # until the next segment: appends come here and roll it
         if not open_new:
             return None
 
@@ -523,19 +629,22 @@ class Coordinator:
         policy = self._policy(topic)
         failure: XinfraError | None = None
         for attempt in range(PLACEMENT_ATTEMPTS):
-            brokers = self.membership.live() if self.peers is not None else [self._me]
-            load = self._load() if len(brokers) > 1 else {}  # a scan of every segment
-            replicas = choose_replicas(policy, brokers, load, first=self._me.broker_id)
+            replicas = self._place(policy, meta)
+            leader = replicas[0]
             segment_id = f"r{meta.range_id}-{self.state.applied_seq + 1}"
             if attempt:
                 segment_id += f"-{attempt}"
             start_offset = range_log.committed
-            await self._store.create_segment(segment_id, start_offset)
             self._opening.add(segment_id)
             try:
-                replicator = await self._open_followers(
-                    range_log, segment_id, start_offset, replicas[1:]
-                )
+                if leader == self._me.broker_id:
+                    await self._store.create_segment(segment_id, start_offset)
+                    replicator = await self._open_followers(
+                        range_log, segment_id, start_offset, replicas[1:]
+                    )
+                else:  # its leader opens the replica streams (``leadership.py``)
+                    await self._create_on(replicas, segment_id, start_offset)
+                    replicator = None
             except XinfraError as error:
                 self._opening.discard(segment_id)
                 failure = error
@@ -561,98 +670,174 @@ class Coordinator:
             finally:
                 self._opening.discard(segment_id)
             range_log.replicator = replicator
-            self._placed(replicas)
+            if leader != self._me.broker_id:
+                try:
+                    await self._push_lead(range_log, segment_id, leader)
+                except XinfraError as error:  # open with no leader: seal it empty, place again
+                    failure = error
+                    log.warning("segment %s: leader %s failed: %s", segment_id, leader, error)
+                    self.membership.suspect(leader)
+                    range_log.active = segment_id
+                    end, survivors = await self._fence_and_seal(
+                        range_log, self.state.segments[segment_id]
+                    )
+                    await self._commit(
+                        {
+                            "op": "seal_segment",
+                            "segment_id": segment_id,
+                            "end_offset": end,
+                            "sealed_ms": self._runtime.wall_ms(),
+                            "replicas": survivors,
+                        }
+                    )
+                    range_log.sync_committed(end)
+                    range_log.closed_segment()
+                    range_log.led_by = None
+                    continue
+                return segment_id
+            range_log.led_by = None
             if replicator is not None and replicator.failed:  # failed while the op was written
                 failed_id, failure = next(iter(replicator.failed.items()))
                 range_log.replica_failed(failed_id, failure)
             return segment_id
         assert failure is not None
         raise Unavailable(
-            f"range {meta.range_id}: no replica set of {len(replicas)} could be opened "
+            f"range {meta.range_id}: no replica set of {len(replicas)} could be led "
             f"in {PLACEMENT_ATTEMPTS} attempts; last: {failure.message}"
         )
 
     async def _open_followers(
         self, range_log: RangeLog, segment_id: str, start_offset: int, followers: list[str]
     ) -> Replicator | None:
-        """Create the segment on each follower and open its replica stream (None: no followers).
-        A follower that fails is suspected (left out of the next attempt) and raises."""
+        """Open the replica streams of a segment this broker leads (created on the followers)."""
         if not followers:
             return None
         peers = self.peers
         assert peers is not None
-        replicator = Replicator(
-            self._runtime,
-            segment_id,
-            start_offset,
-            self.config.replica_timeout_s,
-            range_log.advance,
-            range_log.replica_failed,
-        )
-
-        async def open_one(broker_id: str) -> None:
+        addresses: dict[str, str] = {}
+        for broker_id in followers:
             address = self.membership.address_of(broker_id)
             if address is None:
+                raise Unavailable(f"broker {broker_id} has no known address")
+            addresses[broker_id] = address
+        await self._create_on(followers, segment_id, start_offset)
+        return await open_followers(
+            self._runtime,
+            peers,
+            range_log,
+            segment_id,
+            start_offset,
+            addresses,
+            self.config.replica_timeout_s,
+            self.membership.suspect,
+        )
+
+    async def _create_on(self, replicas: list[str], segment_id: str, start_offset: int) -> None:
+        """Create a new segment on every broker of ``replicas`` (this one through its store);
+        a broker that fails is suspected (left out of the next attempt) and raises."""
+        peers = self.peers
+
+        async def create(broker_id: str) -> None:
+            if broker_id == self._me.broker_id:
+                await self._store.create_segment(segment_id, start_offset)
+                return
+            address = self.membership.address_of(broker_id)
+            if address is None or peers is None:
                 raise Unavailable(f"broker {broker_id} has no known address")
             try:
                 await peers.request(
                     address, "replica_create", segment_id=segment_id, start_offset=start_offset
                 )
-                connection = await peers.connection(address)
-                stream = ReplicaStream(
-                    connection,
-                    broker_id,
-                    segment_id,
-                    start_offset,
-                    replicator.on_ack,
-                    replicator.stream_failed,
-                )
-                replicator.add(stream)
-                end = await asyncio.wait_for(
-                    asyncio.shield(stream.opened), self.config.replica_timeout_s
-                )
-                if end != start_offset:
-                    raise Unavailable(f"broker {broker_id} holds segment {segment_id} up to {end}")
-            except TimeoutError:
-                self.membership.suspect(broker_id)
-                raise Unavailable(f"broker {broker_id} did not open a replica stream") from None
             except XinfraError:
                 self.membership.suspect(broker_id)
                 raise
 
-        results = await asyncio.gather(*(open_one(b) for b in followers), return_exceptions=True)
+        results = await asyncio.gather(*(create(b) for b in replicas), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
-                replicator.close_streams()
                 if isinstance(result, XinfraError):
                     raise result
-                raise Unavailable(f"opening replica streams failed: {result!r}")
-        return replicator
+                raise Unavailable(f"creating segment {segment_id} failed: {result!r}")
+
+    async def _push_lead(self, range_log: RangeLog, segment_id: str, leader: str) -> None:
+        """Hand a new segment to its leader (a member): it opens the replica streams and takes
+        the range's appends; clients follow ``leader_address``."""
+        address = self.membership.address_of(leader)
+        peers = self.peers
+        if address is None or peers is None:
+            raise Unavailable(f"broker {leader} has no known address")
+        range_log.lead_elsewhere(address)
+        await peers.request(
+            address, "lead_segment", **lead_payload(self, range_log.meta, segment_id)
+        )
+
+    def _place(self, policy: StoragePolicy, meta: RangeMeta) -> list[str]:
+        """A new segment's replica set under ``policy``, its leader first: striped least loaded
+        first.  The leader, when the policy admits it: the previous segment's leader while it
+        is live (clients are connected to it), else the live replica of the previous segment
+        leading the fewest segments (it holds the batches its duplicate table is rebuilt
+        from); a range's first segment: the chosen broker leading the fewest."""
+        brokers = self.membership.live() if self.peers is not None else [self._me]
+        load = self._load() if len(brokers) > 1 else {}  # a scan of every segment
+        live = {b.broker_id for b in brokers}
+        previous = self.state.segments[meta.segments[-1]].replicas if meta.segments else []
+        led = {b: int(row[2]) if len(row) > 2 else 0 for b, row in load.items()}
+        prefer: list[str] = []
+        if previous and previous[0] in live:  # leadership stays where readers and producers are
+            prefer = [previous[0]]
+        elif any(b in live for b in previous):
+            prefer = [min((b for b in previous if b in live), key=lambda b: (led.get(b, 0), b))]
+        replicas: list[str] | None = None
+        if prefer:
+            with contextlib.suppress(Unavailable):
+                replicas = choose_replicas(policy, brokers, load, first=prefer[0])
+        if replicas is None:
+            replicas = choose_replicas(policy, brokers, load)
+        replicas = leader_first(replicas, led, prefer)
+        self._placed(replicas)  # now: placements decided meanwhile see it
+        return replicas
 
     async def _fence_and_seal(
-        self, range_log: RangeLog, segment_id: str, followers: list[str]
+        self, range_log: RangeLog, segment: SegmentMeta
     ) -> tuple[int, list[str]]:
-        """Fence the followers, seal every survivor at the smallest durable end among them.
+        """Fence every replica of ``segment`` (its leader too), seal the survivors at the
+        smallest durable end among them; returns that end and the survivors.
 
-        Every acknowledged record is on every replica, so that end is at least the
-        committed offset: nothing acknowledged is lost; the longer tails are cut.
+        Every acknowledged record is on every replica (an ack waits for each one's fsync),
+        so that end is at least the committed offset: nothing acknowledged is lost; the longer
+        tails are cut.  A replica that does not answer (a dead leader or follower) is left
+        out; one that answers below the committed offset never survives.
         """
+        segment_id = segment.segment_id
+        me = self._me.broker_id
+        leader = segment.replicas[0]
         replicator = range_log.replicator
-        failed = dict(replicator.failed) if replicator is not None else {}
+        failed = set(replicator.failed) if replicator is not None else set()
+        failed |= self._reported_failed.pop(segment_id, set())
         if replicator is not None:
             replicator.close()
         peers = self.peers
         committed = range_log.committed
+        others = [b for b in segment.replicas if b != me]
         if range_log.needs_fence:  # after a restart: give the members one timeout to register
             deadline_s = self._runtime.monotonic_s() + self.config.broker_timeout_s
-            while not all(self.membership.is_live(b) for b in followers):
+            while not all(self.membership.is_live(b) for b in others):
                 if self._runtime.monotonic_s() >= deadline_s:
                     break
                 await self._runtime.sleep(0.05)
 
-        async def fence(broker_id: str) -> int | None:
+        async def fence(broker_id: str) -> tuple[int, int] | None:
+            if broker_id in failed:
+                return None
+            if broker_id == me:
+                if leader == me:
+                    return range_log.durable_end(), committed
+                try:
+                    return await self.replicas.fence(segment_id), 0
+                except NotFound:
+                    return None
             address = self.membership.address_of(broker_id)
-            if broker_id in failed or address is None or peers is None:
+            if address is None or peers is None:
                 return None
             try:
                 result = await peers.request(address, "replica_fence", segment_id=segment_id)
@@ -660,26 +845,36 @@ class Coordinator:
                 log.warning("segment %s: cannot fence %s: %s", segment_id, broker_id, error)
                 self.membership.suspect(broker_id)
                 return None
-            end = int(result["end_offset"])
-            if end < committed:  # a replica that lost acknowledged records: never a survivor
+            return int(result["end_offset"]), int(result.get("committed", 0))
+
+        answers = await asyncio.gather(*(fence(b) for b in segment.replicas))
+        committed = max([committed, *(a[1] for a in answers if a is not None)])
+        ends: dict[str, int] = {}
+        for broker_id, answer in zip(segment.replicas, answers, strict=True):
+            if answer is None:
+                continue
+            if answer[0] < committed:  # a replica that lost acknowledged records
                 log.error(
                     "segment %s: broker %s holds up to %d, below the committed %d; left out",
-                    segment_id, broker_id, end, committed,
+                    segment_id, broker_id, answer[0], committed,
                 )  # fmt: skip
-                return None
-            return end
-
-        ends = await asyncio.gather(*(fence(b) for b in followers))
-        self.replica_failures += sum(1 for end in ends if end is None)
+                continue
+            ends[broker_id] = answer[0]
+        self.replica_failures += len(segment.replicas) - len(ends)
         for broker_id in failed:
             self.membership.suspect(broker_id)
-        survivors = [b for b, end in zip(followers, ends, strict=True) if end is not None]
-        end = min([range_log.durable_end(), *(e for e in ends if e is not None)])
-        assert end >= committed, f"seal at {end} below the committed offset {committed}"
-        info = await self._store.seal(segment_id, end)
-        assert info.end_offset == end
+        if not ends:
+            raise Unavailable(f"no replica of segment {segment_id} answered its fence; retrying")
+        end = min(ends.values())
 
         async def seal(broker_id: str) -> bool:
+            if broker_id == me:
+                if leader == me:
+                    info = await self._store.seal(segment_id, end)
+                    assert info.end_offset == end
+                else:
+                    await self.replicas.seal(segment_id, end)
+                return True
             address = self.membership.address_of(broker_id)
             assert address is not None and peers is not None
             try:
@@ -690,17 +885,18 @@ class Coordinator:
                 return False
             return True
 
-        sealed = await asyncio.gather(*(seal(b) for b in survivors))
-        kept = [self._me.broker_id] + [b for b, ok in zip(survivors, sealed, strict=True) if ok]
-        if len(kept) <= len(followers):
+        sealed = await asyncio.gather(*(seal(b) for b in ends))
+        kept = [b for b, ok in zip(ends, sealed, strict=True) if ok]
+        if len(kept) < len(segment.replicas):
             log.warning(
                 "segment %s sealed at %d on %s (of %s): under-replicated",
-                segment_id, end, kept, [self._me.broker_id, *followers],
+                segment_id, end, kept, segment.replicas,
             )  # fmt: skip
         return end, kept
 
     def _load(self) -> dict[str, tuple[int, ...]]:
-        """Per broker: active segment replicas, then stored bytes (what striping balances).
+        """Per broker: active segment replicas, stored bytes (what striping balances), then
+        active segments led (what spreads leaders).
 
         A scan of every segment, so it is cached for ``LOAD_REFRESH_S``; each placement
         made meanwhile adds its active replicas to the cache (``_placed``), so a burst of
@@ -709,23 +905,30 @@ class Coordinator:
         now_s = self._runtime.monotonic_s()
         if self._load_cache is None or now_s - self._load_cached_s >= LOAD_REFRESH_S:
             active: dict[str, int] = {}
+            led: dict[str, int] = {}
             for segment in self.state.segments.values():
                 if segment.state is State.ACTIVE:
                     for broker_id in segment.replicas:
                         active[broker_id] = active.get(broker_id, 0) + 1
+                    led[segment.replicas[0]] = led.get(segment.replicas[0], 0) + 1
             stored = {m.broker_id: m.store_bytes for m in self.membership.members.values()}
             stored[self._me.broker_id] = sum(info.size_bytes for info in self._store.segments())
             self._load_cache = {
-                broker_id: [active.get(broker_id, 0), stored.get(broker_id, 0)]
+                broker_id: [
+                    active.get(broker_id, 0),
+                    stored.get(broker_id, 0),
+                    led.get(broker_id, 0),
+                ]
                 for broker_id in {*active, *stored}
             }
             self._load_cached_s = now_s
-        return {broker_id: (a, b) for broker_id, (a, b) in self._load_cache.items()}
+        return {broker_id: tuple(row) for broker_id, row in self._load_cache.items()}
 
     def _placed(self, replicas: list[str]) -> None:
         if self._load_cache is not None:
             for broker_id in replicas:
-                self._load_cache.setdefault(broker_id, [0, 0])[0] += 1
+                self._load_cache.setdefault(broker_id, [0, 0, 0])[0] += 1
+            self._load_cache[replicas[0]][2] += 1
 
     async def _delete_everywhere(self, segment_ids: list[str], replicas: list[str]) -> None:
         """Delete segments here now and on the other replicas in the background (best effort:
@@ -784,7 +987,7 @@ class Coordinator:
             raise NotFound(f"no storage policy {data!r}")
         brokers = self.membership.live() if self.peers is not None else [self._me]
         try:
-            replicas = choose_replicas(policy, brokers, self._load(), first=self._me.broker_id)
+            replicas = choose_replicas(policy, brokers, self._load())
         except XinfraError as error:
             return {"policy": policy.to_json(), "satisfiable": False, "reason": error.message}
         return {"policy": policy.to_json(), "satisfiable": True, "replicas": replicas}
@@ -819,6 +1022,11 @@ class Coordinator:
         return self._store.failure
 
     def range_log(self, topic_name: str, range_id: int) -> RangeLog:
+        if self.leadership is not None and range_id not in self.state.ranges:
+            raise NotLeader(
+                f"broker {self.config.broker_id} leads no segment of range {range_id} of "
+                f"{topic_name!r}; stream to the leader topic metadata names (leader_address)"
+            )
         self.topic(topic_name)
         meta = self.state.ranges.get(range_id)  # a dict lookup: a topic may have 4,096 ranges
         if meta is None or meta.topic != topic_name:
@@ -880,7 +1088,9 @@ class Coordinator:
             segments = [sid for rid in topic.ranges for sid in self.state.ranges[rid].segments]
             holders = {sid: list(self.state.segments[sid].replicas) for sid in segments}
             for range_log in logs:
-                range_log.meta.state = State.SEALED  # refuse new appends at once
+                # refuse new appends and segments at once; never the metadata itself, which
+                # only ops change (an open_segment being written now must still apply)
+                range_log.closing = True
             for range_log in logs:
                 await range_log.stop()
 
@@ -977,16 +1187,64 @@ class Coordinator:
         }
 
     def _range_json(self, meta: RangeMeta) -> dict[str, Any]:
+        end = self._committed(meta.range_id)
+        leader = self._leader_of(meta)
         return {
             "range_id": meta.range_id,
             "bounds": meta.key_range.to_json(),
             "state": meta.state.value,
             "start_offset": meta.start_offset,
-            "end_offset": self.logs[meta.range_id].committed,
+            "end_offset": end,
             "parents": meta.parents,
-            "leader": self.config.broker_id,
-            "leader_address": self.membership.address if self.config.cluster else None,
+            "leader": leader,
+            "leader_address": self.membership.address_of(leader) if self.config.cluster else None,
         }
+
+    def _committed(self, range_id: int) -> int:
+        """The range's committed offset: its log's, or what its leader last reported."""
+        range_log = self.logs[range_id]
+        end = range_log.committed
+        if range_log.led_by:
+            end = max(end, self._leader_ends.get(range_id, end))
+        return end
+
+    def _leader_of(self, meta: RangeMeta) -> str:
+        """The broker clients stream to for the range: its active segment's leader; without
+        one, the last segment's leader while it is live (it holds that segment), else this one."""
+        if meta.segments:
+            last = self.state.segments[meta.segments[-1]]
+            leader = last.replicas[0] if last.replicas else self._me.broker_id
+            if last.state is State.ACTIVE or self.membership.is_live(leader):
+                return leader
+        return self._me.broker_id
+
+    async def refresh_ends(self, name: str) -> None:
+        """Ask the leaders of the topic's ranges led elsewhere for their committed offsets (one
+        request per leader; one that does not answer keeps its last reported end)."""
+        peers = self.peers
+        if peers is None:
+            return
+        by_leader: dict[str, list[int]] = {}
+        for meta in self.state.active_ranges(self.topic(name)):
+            range_log = self.logs.get(meta.range_id)
+            if range_log is None or not range_log.led_by or range_log.active is None:
+                continue
+            leader = self.state.segments[range_log.active].replicas[0]
+            if self.membership.is_live(leader):  # a dead one is being failed over
+                by_leader.setdefault(range_log.led_by, []).append(meta.range_id)
+
+        async def ask(address: str, range_ids: list[int]) -> None:
+            try:
+                answer = await peers.request_with_timeout(
+                    address, "range_ends", self.config.replica_timeout_s, range_ids=range_ids
+                )
+            except XinfraError as error:
+                log.info("range ends from %s: %s", address, error)
+                return
+            for rid, end in answer["ends"].items():
+                self._leader_ends[int(rid)] = int(end)
+
+        await asyncio.gather(*(ask(a, ids) for a, ids in by_leader.items()))
 
     def segment_metadata(self, name: str, range_id: int) -> dict[str, Any]:
         range_log = self.range_log(name, range_id)
@@ -994,7 +1252,9 @@ class Coordinator:
         segments = []
         for sid in meta.segments:
             segment = self.state.segments[sid]
-            end = segment.end_offset if segment.end_offset is not None else range_log.committed
+            end = segment.end_offset
+            if end is None:
+                end = self._committed(meta.range_id)
             segments.append(
                 {
                     "segment_id": sid,
@@ -1030,9 +1290,10 @@ class Coordinator:
         load = self._load()
         brokers = self.membership.describe()
         for row in brokers:
-            active, stored = load.get(row["broker_id"], (0, 0))
+            active, stored, led = load.get(row["broker_id"], (0, 0, 0))
             row["active_segments"] = active
             row["store_bytes"] = stored
+            row["leading_segments"] = led
         segments: list[dict[str, Any]] = []
         under: list[str] = []
         # Under-replicated and active segments first: what an operator looks for.
@@ -1090,8 +1351,11 @@ class Coordinator:
             if range_id not in self.state.ranges:
                 self._unfenced.discard(range_id)
                 continue
+            range_log = self.logs[range_id]
             try:
-                await self.logs[range_id].seal_active()
+                if range_log.needs_fence:  # only the segment the restart found (a roll a
+                    # leader asked for meanwhile may have sealed it and opened the next)
+                    await range_log.roll_segment(range_log.active, open_new=False)
             except XinfraError as error:
                 log.warning("range %s: fencing after the restart failed: %s", range_id, error)
                 continue
@@ -1116,8 +1380,12 @@ class Coordinator:
             short += 1
             if segment.segment_id in self._healing or len(self._healing) >= HEALING_MAX:
                 continue
-            if self._me.broker_id not in segment.replicas:
-                continue  # the source is this broker's replica (the leader of every segment)
+            sources = sorted(  # this broker's own replica first: its checksum is local
+                (b for b in segment.replicas if self.membership.is_live(b)),
+                key=lambda b: b != self._me.broker_id,
+            )
+            if not sources:
+                continue  # no live replica to copy from
             load = load or self._load()
             current = [BrokerInfo(b, self._attributes_of(b)) for b in segment.replicas]
             try:
@@ -1125,7 +1393,7 @@ class Coordinator:
             except XinfraError:
                 continue  # no broker can take it now; the next tick looks again
             self._healing.add(segment.segment_id)
-            self._spawn(self._heal_one(segment.segment_id, target))
+            self._spawn(self._heal_one(segment.segment_id, target, sources[0]))
         self.under_replicated = short
 
     async def _collect_orphans(self) -> None:
@@ -1178,8 +1446,9 @@ class Coordinator:
         member = self.membership.members.get(broker_id)
         return {} if member is None else dict(member.attributes)
 
-    async def _heal_one(self, segment_id: str, target: str) -> None:
-        """Copy one sealed segment to ``target`` over the consume protocol, check, record."""
+    async def _heal_one(self, segment_id: str, target: str, source: str) -> None:
+        """Copy one sealed segment from ``source`` to ``target`` over the consume protocol,
+        compare checksums, record."""
         peers = self.peers
         assert peers is not None
         try:
@@ -1198,10 +1467,17 @@ class Coordinator:
                 range_id=meta.range_id,
                 start_offset=segment.start_offset,
                 end_offset=segment.end_offset,
-                source=self.membership.address,
+                source=self.membership.address_of(source),
             )
             theirs = await peers.request(address, "replica_checksum", segment_id=segment_id)
-            ours = await self.replicas.checksum(segment_id)
+            if source == self._me.broker_id:
+                ours = await self.replicas.checksum(segment_id)
+            else:
+                source_address = self.membership.address_of(source)
+                assert source_address is not None
+                ours = await peers.request(
+                    source_address, "replica_checksum", segment_id=segment_id
+                )
             if theirs["sha256"] != ours["sha256"] or theirs["end_offset"] != ours["end_offset"]:
                 log.error("segment %s: the copy on %s differs; deleting it", segment_id, target)
                 await peers.request(address, "replica_delete", segment_id=segment_id)
@@ -1230,6 +1506,7 @@ class Coordinator:
         if self._unfenced and (self._fencing is None or self._fencing.done()):
             self._fencing = self._spawn(self._fence_restarted())
         self.heal()
+        self._check_leaders()
         now_s = self._runtime.monotonic_s()
         if (
             self.peers is not None

@@ -47,6 +47,7 @@ class Member:
     last_seen_s: float
     store_bytes: int = 0
     suspected_s: float | None = None  # monotonic time of the last suspicion, None: trusted
+    incarnation: str = ""  # changes when the broker process restarts
 
 
 @dataclass
@@ -60,8 +61,15 @@ class Membership:
     members: dict[str, Member] = field(default_factory=dict)
 
     def heartbeat(
-        self, broker_id: str, address: str, attributes: dict[str, str], store_bytes: int
-    ) -> None:
+        self,
+        broker_id: str,
+        address: str,
+        attributes: dict[str, str],
+        store_bytes: int,
+        incarnation: str = "",
+    ) -> bool:
+        """Record a member's registration; True when it is a known member's new process (a
+        restart faster than the broker timeout: what it led in memory is gone)."""
         if broker_id == self.me.broker_id:
             raise InvalidRequest(
                 f"broker id {broker_id!r} is the coordinator's own; give every broker its own --id"
@@ -79,6 +87,11 @@ class Membership:
             member.address, member.attributes = address, dict(attributes)
         member.last_seen_s = now_s
         member.store_bytes = store_bytes
+        restarted = bool(member.incarnation) and member.incarnation != incarnation
+        if restarted:
+            log.info("broker %s restarted (a new process)", broker_id)
+        member.incarnation = incarnation
+        return restarted
 
     def suspect(self, broker_id: str) -> None:
         """A replica deadline or connection failed: keep it out of new replica sets for a while."""

@@ -195,8 +195,18 @@ class _CoordinatorCollector(Collector):
         )
         yield CounterMetricFamily(
             "northguard_replica_failures",
-            "Followers that failed or fell behind the replica timeout (each sealed a segment)",
+            "Replicas left out of a seal (failed, fell behind the replica timeout, did not answer)",
             c.replica_failures,
+        )
+        yield CounterMetricFamily(
+            "northguard_leader_failovers",
+            "Active segments sealed on their survivors because their leader was no longer live",
+            c.leader_failovers,
+        )
+        yield GaugeMetricFamily(
+            "northguard_segments_led",
+            "Active segments this broker leads (clients stream their appends here)",
+            c.segments_led,
         )
         yield GaugeMetricFamily(
             "northguard_under_replicated_segments",

@@ -146,8 +146,8 @@ def choose_replicas(
     """Broker ids for a new segment's replica set; ``Unavailable`` if the policy cannot be met.
 
     ``load`` orders eligible brokers, least loaded first (a missing broker has none).
-    ``first``: a broker that must hold a replica (the segment's leader), placed first
-    and counted in the first constraint it satisfies.
+    ``first``: a broker that must hold a replica, placed first and counted in the first
+    constraint it satisfies (``Unavailable`` when the policy leaves it out).
     """
     chosen: list[str] = []
     taken: set[str] = set()  # values of ``distinct_by`` the chosen brokers have
@@ -176,13 +176,22 @@ def choose_replicas(
         chosen += [b.broker_id for b in picked]
     if first is not None:
         if first not in chosen:
-            raise Unavailable(
-                f"storage policy {policy.name!r} leaves out broker {first}, which leads every "
-                "active segment of this cluster (its coordinator)"
-            )
+            raise Unavailable(f"storage policy {policy.name!r} leaves out broker {first}")
         chosen.remove(first)
         chosen.insert(0, first)
     return chosen
+
+
+def leader_first(
+    replicas: Sequence[str], led: Mapping[str, int], prefer: Sequence[str] = ()
+) -> list[str]:
+    """``replicas`` with the new segment's leader first: one of ``prefer`` (the live replicas of
+    the range's previous segment, which hold the batches the leader's duplicate table is
+    rebuilt from) when the set has one, else any; among those, the one leading the fewest
+    active segments (``led``), so leaders spread over the brokers as replicas do."""
+    candidates = [b for b in replicas if b in prefer] or list(replicas)
+    leader = min(candidates, key=lambda b: (led.get(b, 0), b))
+    return [leader, *(b for b in replicas if b != leader)]
 
 
 def with_replication_factor(policy: StoragePolicy, factor: int) -> StoragePolicy:

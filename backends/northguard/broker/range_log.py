@@ -17,6 +17,12 @@ future resolve, the committed offset move and tail readers wake.  Appends
 are handed to the store in offset order without waiting for each other, so
 one group commit carries many appends of many ranges.
 
+**Leadership.**  The broker leading the range's active segment (the first of
+its replica set, any broker) runs this; elsewhere the range's log refuses
+appends and reads at its end with ``NotLeader`` (``led_by``), so clients
+follow the topic metadata.  When the coordinator seals a segment led here
+(``fence``, then ``sealed_at``), the same cut and resend apply as below.
+
 **Replication.**  A segment with followers has a ``Replicator``
 (``replication.py``): every issued append is also sent to the followers, and
 an append commits only when the local store made it durable *and* every
@@ -78,6 +84,7 @@ from xinfra.errors import (
     CorruptData,
     InvalidRequest,
     NotFound,
+    NotLeader,
     OffsetOutOfRange,
     ProducerFenced,
     Sealed,
@@ -156,11 +163,13 @@ class RangeLog:
         if last is not None and last.state is State.ACTIVE:
             # Left active by the previous process: continue it from the end the store recovered
             # (what its WAL and file hold, all durable), with its age and size kept.
-            info = store.segment(last.segment_id)
             self.active = last.segment_id
             self.active_created_ms = last.created_ms
-            self._active_bytes = info.size_bytes
-            self.committed = info.end_offset
+            try:
+                info = store.segment(last.segment_id)
+                self._active_bytes, self.committed = info.size_bytes, info.end_offset
+            except NotFound:  # led by another broker (the coordinator's view of the range)
+                self._active_bytes, self.committed = 0, last.start_offset
             if len(last.replicas) > 1:
                 # Replicated: what is committed is known only once the followers are fenced
                 # (their ends); until then nothing of this segment is readable.
@@ -194,6 +203,12 @@ class RangeLog:
         else:
             self.producers_loaded.set_result(None)
         self.closing = False  # a split, merge or topic seal is sealing this range: no new segment
+        self.remote_read: Callable[[SegmentMeta, int, int], Awaitable[list[Entry]]] | None = None
+        """Reads a sealed segment this broker does not hold from one of its replicas (set in
+        a cluster: a leader need not hold every segment of its range)."""
+        self.led_by: str | None = None
+        """The address of the broker leading the active segment when it is not this one
+        (appends and reads are refused with ``NotLeader``: clients go there)."""
 
     # -- appends ---------------------------------------------------------------------------------
 
@@ -202,6 +217,8 @@ class RangeLog:
         future: asyncio.Future[int] = self._loop.create_future()
         if self.meta.state is State.SEALED or self.closing:
             future.set_exception(Sealed(f"range {self.meta.range_id} is sealed"))
+        elif self.led_by is not None:
+            future.set_exception(self.not_leader())
         elif self._roll_task is not None or self._needs_roll(len(batch)):
             if len(self._waiting) >= WAITING_APPENDS_MAX:
                 future.set_exception(
@@ -320,10 +337,7 @@ class RangeLog:
                 self.needs_fence = False
                 if previous is not None and not self.producers_loaded.done():
                     self._load_task = self._loop.create_task(self._load_producers(previous))
-            self.active = segment_id
-            self._next_offset = self.committed
-            self._active_bytes = 0
-            self.active_created_ms = self._runtime.wall_ms()
+            self._start_segment(segment_id)
         except XinfraError as error:
             _limited.warning(
                 self._runtime.monotonic_s(),
@@ -339,6 +353,43 @@ class RangeLog:
             raise
         finally:
             self._roll_task = None
+        self._issue_waiting()
+
+    @property
+    def roll_running(self) -> bool:
+        return self._roll_task is not None
+
+    def _start_segment(self, segment_id: str | None) -> None:
+        self.active = segment_id
+        self._next_offset = self.committed
+        self._active_bytes = 0
+        self.active_created_ms = self._runtime.wall_ms()
+
+    def lead(self, segment_id: str) -> None:
+        """Lead ``segment_id`` (placed on this broker by the coordinator, its replicator set)
+        and issue the appends waiting for it; a roll in progress picks it up itself."""
+        self.led_by = None
+        if self._roll_task is None:
+            self._start_segment(segment_id)
+            self._issue_waiting()
+
+    def lead_elsewhere(self, address: str) -> None:
+        """Another broker (``address``) leads the range's new segment: appends are refused
+        and readers at the committed end are woken to hear it (``read``)."""
+        self.led_by = address
+        for listener in list(self._listeners):
+            listener()
+
+    def not_leader(self) -> NotLeader:
+        return NotLeader(
+            f"range {self.meta.range_id} is led by broker {self.led_by or '(unknown)'}; "
+            "refresh the topic metadata"
+        )
+
+    def _issue_waiting(self) -> None:
+        if self.led_by is not None:
+            self._fail_waiting(self.not_leader())
+            return
         waiting, self._waiting = self._waiting, deque()
         for batch, count, future in waiting:
             if not future.done():
@@ -402,6 +453,36 @@ class RangeLog:
             task = self._roll_task
             if task is not None:
                 await asyncio.shield(task)
+
+    async def roll_segment(self, segment_id: str | None, open_new: bool) -> None:
+        """Seal ``segment_id`` if it is still the active segment (None: the range has none) and
+        open a new one when asked; a segment another roll already sealed is left alone."""
+        while self._roll_task is not None:
+            await asyncio.shield(self._roll_task)
+        if self.active == segment_id and (segment_id is not None or open_new):
+            self._start_roll(open_new=open_new)
+            task = self._roll_task
+            if task is not None:
+                await asyncio.shield(task)
+
+    async def fence(self) -> tuple[int, int]:
+        """The coordinator fences the segment this broker leads (to seal it): nothing more is
+        issued or committed; answers its durable end and committed offset once the store
+        appends in flight have ended."""
+        if self.fenced is None:
+            self.fenced = Sealed(f"segment {self.active} is fenced by the coordinator")
+        if self.replicator is not None:
+            self.replicator.close()
+        await self._idle.wait()
+        return self.durable_end(), self.committed
+
+    def sealed_at(self, end: int) -> None:
+        """The coordinator sealed the led segment at ``end`` (see ``sync_committed``); appends
+        past it wait for the next segment, which a roll asks for."""
+        self.sync_committed(end)
+        self.closed_segment()
+        if self._waiting:
+            self._start_roll(open_new=True)
 
     def closed_segment(self) -> None:
         """The roller sealed the active segment: appends need a new one."""
@@ -510,6 +591,8 @@ class RangeLog:
             )
         committed = self.committed
         if offset >= committed:
+            if self.led_by is not None:  # what follows is appended on another broker
+                raise self.not_leader()
             if offset > committed:
                 raise OffsetOutOfRange(
                     f"offset {offset} is past the end {committed} of range {meta.range_id}"
@@ -519,6 +602,15 @@ class RangeLog:
         try:
             entries = await self._store.read(segment_id, offset, bytes_max)
         except NotFound as error:
+            segment = self._segments.get(segment_id)
+            if (
+                self.remote_read is not None
+                and segment is not None
+                and segment.state is State.SEALED
+                and self.meta.start_offset <= offset
+            ):
+                entries = await self.remote_read(segment, offset, bytes_max)
+                return [entry for entry in entries if entry.base_offset < committed]
             raise OffsetOutOfRange(
                 f"offset {offset} of range {meta.range_id} is no longer stored ({error.message})"
             ) from error

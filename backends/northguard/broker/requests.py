@@ -8,7 +8,9 @@ coordinator (``Coordinator.forward``, over its peer connection) after
 authorizing it here; the coordinator answers it as the owner of all metadata
 (the one vnode, until the vnodes of the sharded metadata issue).  The broker
 ops (``register_broker``, ``replica_*``) are answered by the broker that gets
-them: they are how brokers talk to each other, and need an admin credential.
+them: they are how brokers talk to each other, and need an admin credential;
+so are ``lead_segment`` and ``range_ends`` (the coordinator to a member
+leader).  ``roll_segment`` (a member leader to the coordinator) is forwarded.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from backends.northguard.broker.coordinator import Coordinator
 from backends.northguard.broker.fields import int_field, list_field, str_field
+from backends.northguard.broker.placement import REPLICAS_MAX
 from backends.northguard.broker.rereplication import copy_segment
 from backends.northguard.credentials import ADMIN, READ
 from xinfra.errors import InvalidRequest
@@ -35,11 +38,22 @@ REPLICA_OPS = frozenset(
     }
 )
 """How brokers act on the replicas they hold."""
-LOCAL_OPS = frozenset({"ping", *REPLICA_OPS})
+LEADER_OPS = frozenset({"lead_segment", "range_ends"})
+"""How the coordinator hands a segment to its leader (a member) and asks it for range ends."""
+LOCAL_OPS = frozenset({"ping", *REPLICA_OPS, *LEADER_OPS})
 """Ops a member answers itself; it forwards every other one to the coordinator."""
 REPLICA_LIST_MAX = 10_000
 """Segment ids per ``replica_list`` answer (under the 1 MiB control message bound)."""
-BROKER_OPS = frozenset({"cluster_status", "register_broker", "create_policy", *REPLICA_OPS})
+BROKER_OPS = frozenset(
+    {
+        "cluster_status",
+        "register_broker",
+        "create_policy",
+        "roll_segment",
+        *REPLICA_OPS,
+        *LEADER_OPS,
+    }
+)
 """Ops about the whole cluster: an admin credential for every topic (a broker's own) only."""
 
 
@@ -102,12 +116,18 @@ async def _dispatch(coordinator: Coordinator, op: str, request: dict[str, Any]) 
             isinstance(k, str) and isinstance(v, str) for k, v in attributes.items()
         ):
             raise InvalidRequest("attributes must map strings to strings")
-        coordinator.membership.heartbeat(
-            str_field(request, "broker_id"),
+        member = str_field(request, "broker_id")
+        incarnation = request.get("incarnation") or ""
+        if not isinstance(incarnation, str) or len(incarnation) > 64:
+            raise InvalidRequest("incarnation is a string of at most 64 characters")
+        if coordinator.membership.heartbeat(
+            member,
             str_field(request, "address"),
             attributes,
             int_field(request, "store_bytes", default=0),
-        )
+            incarnation,
+        ):
+            coordinator.broker_restarted(member)
         return {"coordinator": coordinator.config.broker_id}
     if op == "replica_list":
         after = request.get("after") or ""
@@ -117,9 +137,36 @@ async def _dispatch(coordinator: Coordinator, op: str, request: dict[str, Any]) 
         ids = sorted(info.segment_id for info in coordinator.store.segments())
         page = [sid for sid in ids if sid > after][:limit]
         return {"segment_ids": page, "more": bool(page) and page[-1] != ids[-1]}
+    leadership = coordinator.leadership
+    if op == "lead_segment":
+        if leadership is None:
+            raise InvalidRequest("the coordinator's own segments are led without a request")
+        await leadership.lead(request)
+        return {}
+    if op == "range_ends":
+        range_ids = [int(r) for r in list_field(request, "range_ids", length_max=SHARD_COUNT_MAX)]
+        return {"ends": {} if leadership is None else leadership.ends(range_ids)}
+    if op == "roll_segment":
+        segment_id = request.get("segment_id")
+        failed = request.get("failed") or []
+        if not isinstance(failed, list) or len(failed) > REPLICAS_MAX:
+            raise InvalidRequest(f"failed lists at most {REPLICAS_MAX} broker ids")
+        return await coordinator.roll_for_leader(
+            str_field(request, "name"),
+            int_field(request, "range_id"),
+            None if segment_id is None else str(segment_id),
+            bool(request.get("open_new")),
+            [str(b) for b in failed],
+        )
     if op.startswith("replica_"):
         segment_id = str_field(request, "segment_id")
         replicas = coordinator.replicas
+        if leadership is not None and leadership.range_log_of(segment_id) is not None:
+            if op == "replica_fence":  # the segment this broker leads: its range log answers
+                return await leadership.fence(segment_id)
+            if op == "replica_seal":
+                end = await leadership.seal(segment_id, int_field(request, "end_offset"))
+                return {"end_offset": end}
         if op == "replica_create":
             await replicas.create(segment_id, int_field(request, "start_offset"))
             return {}
@@ -165,11 +212,13 @@ async def _dispatch(coordinator: Coordinator, op: str, request: dict[str, Any]) 
         await coordinator.delete_topic(name)
         return {}
     if op == "topic_metadata":
+        await coordinator.refresh_ends(name)
         return coordinator.describe(name)
     if op == "seal_topic":
         return await coordinator.seal_topic(name)
     range_id = int_field(request, "range_id")
     if op == "segment_metadata":
+        await coordinator.refresh_ends(name)
         return coordinator.segment_metadata(name, range_id)
     if op == "seal_segment":
         await coordinator.range_log(name, range_id).seal_active()

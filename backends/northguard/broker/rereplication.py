@@ -4,11 +4,12 @@
 reads it from a surviving replica *with the consume protocol*.  The
 coordinator (``Coordinator._heal``) picks the new broker under the topic's
 policy, least loaded first, and sends it ``replica_copy``; that broker opens
-an ordinary consume stream on the source (the coordinator, which holds a
-replica of every segment in this slice) at the segment's start offset,
+a consume stream on the source (a live replica, the coordinator's first; the
+open names the segment, so any broker holding it serves it, leader or not)
+at the segment's start offset,
 appends each pushed entry to its store (pipelined: up to ``COPY_INFLIGHT_MAX``
 appends ride its group commit), stops at the segment's end and seals there.
-The coordinator then compares the copy's checksum with its own replica's
+The coordinator then compares the copy's checksum with the source's
 before it records the new replica (``add_replica``): a copy that differs is
 deleted, never counted.
 
@@ -51,7 +52,9 @@ async def copy_segment(
     await store.create_segment(segment_id, start_offset)
     if end_offset > start_offset:
         data = asyncio.Event()
-        stream = ConsumeStream(source, topic, range_id, start_offset, COPY_WINDOW_BYTES, data.set)
+        stream = ConsumeStream(
+            source, topic, range_id, start_offset, COPY_WINDOW_BYTES, data.set, segment_id
+        )
         appends: list[asyncio.Task[Entry]] = []
         try:
             offset = start_offset

@@ -14,9 +14,11 @@ descriptors or memory by opening connections, and well-behaved peers keep theirs
 Cluster: a broker started with ``coordinator`` (the coordinator broker's
 address) is a *member*: it registers and heartbeats there
 (``membership.py``), follows the replicas the coordinator places on it and
-forwards metadata requests to it.  A broker started without one is the
-coordinator; with ``cluster`` it publishes its ``advertised_address`` as the
-leader of every range and places replicas on the live members.
+forwards metadata requests to it, and leads the segments the coordinator
+places on it first (``leadership.py``).  A broker started without one is the
+coordinator; with ``cluster`` it places replicas and leaders on the live
+brokers, itself included, and names each range's leader's address in topic
+metadata.
 
 TLS: with ``tls_cert`` and ``tls_key`` the client port speaks TLS 1.2+ only
 (``backends.northguard.tls``); a plaintext client's connection is dropped by
@@ -29,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,7 @@ from backends.northguard.broker.connection import BrokerConnection
 from backends.northguard.broker.coordinator import Coordinator, CoordinatorConfig
 from backends.northguard.broker.http import HealthServer
 from backends.northguard.broker.journal import FileJournal
+from backends.northguard.broker.leadership import Leadership
 from backends.northguard.broker.membership import BROKER_TIMEOUT_S, HEARTBEAT_S, heartbeat_forever
 from backends.northguard.broker.metrics import BrokerMetrics
 from backends.northguard.broker.peers import PeerPool
@@ -226,6 +230,8 @@ class Broker:
             arguments = {k: v for k, v in request.items() if k != "op"}
             return await peers.request(coordinator, str(request["op"]), **arguments)
 
+        incarnation = secrets.token_hex(8)  # this process: a restart is told from a late beat
+
         def registration() -> dict[str, Any]:
             return {
                 "op": "register_broker",
@@ -233,9 +239,19 @@ class Broker:
                 "address": address,
                 "attributes": dict(config.attributes),
                 "store_bytes": sum(info.size_bytes for info in self.store.segments()),
+                "incarnation": incarnation,
             }
 
+        async def roll(request: dict[str, Any]) -> dict[str, Any]:
+            # a roll may fence a hung replica (one replica timeout) and place a new segment
+            arguments = {k: v for k, v in request.items() if k != "op"}
+            timeout_s = 3 * config.replica_timeout_s + config.broker_timeout_s
+            return await peers.request_with_timeout(
+                coordinator, str(request["op"]), timeout_s, **arguments
+            )
+
         self.coordinator.forward = forward
+        self.coordinator.leadership = Leadership(self.coordinator, roll)
         self._heartbeat_task = asyncio.create_task(
             heartbeat_forever(self.runtime, forward, registration, config.heartbeat_s),
             name="northguard-heartbeat",

@@ -28,6 +28,7 @@ class ConsumeStream:
         offset: int,
         window_bytes: int,
         on_data: Callable[[], None],
+        segment_id: str | None = None,
     ) -> None:
         self._connection = connection
         self.topic = topic
@@ -40,18 +41,15 @@ class ConsumeStream:
         self._consumed = 0
         self._reported = 0
         self.stream_id = connection.open_stream(self)
-        connection.send(
-            protocol.encode_json(
-                MsgType.CONSUME_OPEN,
-                self.stream_id,
-                {
-                    "topic": topic,
-                    "range_id": range_id,
-                    "offset": offset,
-                    "window_bytes": window_bytes,
-                },
-            )
-        )
+        payload: dict[str, object] = {
+            "topic": topic,
+            "range_id": range_id,
+            "offset": offset,
+            "window_bytes": window_bytes,
+        }
+        if segment_id is not None:  # one sealed segment of any replica (re-replication)
+            payload["segment_id"] = segment_id
+        connection.send(protocol.encode_json(MsgType.CONSUME_OPEN, self.stream_id, payload))
 
     def on_frame(self, kind: MsgType, body: bytes) -> None:
         if kind is MsgType.PUSH:

@@ -6,10 +6,12 @@ sequence number.  Batches go out on the shard's produce stream while its
 window has room; Acks resolve each ``send`` future with its offsets.
 
 **Retries keep order.**  When a stream fails with a retriable error (the
-connection dropped, the broker restarted, the range rolled its segment), its
-unacknowledged batches go back to the head of the shard's queue, in order,
-and are resent with the same sequence numbers on a new stream: the broker
-drops those it already has, so order holds and a resend is stored once.
+connection dropped, the broker restarted, the range rolled its segment, its
+leader changed: ``not_leader``), its unacknowledged batches go back to the
+head of the shard's queue, in order, and are resent with the same sequence
+numbers on a new stream, to the leader the refreshed topic metadata names
+(each range's stream goes to its leader; one connection per broker): the
+broker drops those it already has, so order holds and a resend is stored once.
 Each batch carries the producer id, epoch and its per-range sequence number
 in its header (the broker rebuilds its duplicate table from the stored
 batches), so this holds across a broker restart too, within the broker's
@@ -43,7 +45,7 @@ import functools
 import logging
 import ssl
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from backends.northguard.batch import encode_batch, restamp_batch
 from backends.northguard.client.admin import TopicView
@@ -54,6 +56,7 @@ from xinfra.backend import ProducerOptions, ShardProducer
 from xinfra.errors import (
     BackendTimeout,
     Backpressure,
+    NotLeader,
     RecordTooLarge,
     Timeout,
     XinfraError,
@@ -66,6 +69,11 @@ PRODUCER_EPOCH = 0
 """Every producer id is fresh (random, 63 bits), so its first epoch is its only one; the field
 is for ids that outlive a process (a transactional id), whose new incarnation fences the old."""
 
+ACK_STALL_S_MIN = 1.0
+"""A stream with batches in flight and no Ack for ``max(this, request_timeout_s / 4)`` is
+reopened on the leader the refreshed metadata names (a stopped leader keeps its socket open
+and answers nothing while the coordinator moves its range on); the batches keep their
+deadlines and sequence numbers, so a resend is stored once."""
 RETRY_BACKOFF_S_MIN = 0.05
 RETRY_BACKOFF_S_MAX = 2.0
 """Bounds of the wait before a stream is reopened after a failure (doubling, with jitter)."""
@@ -103,20 +111,26 @@ class _Shard:
         "failures",
         "index",
         "last_error",
+        "leader",
         "parts",
         "pending_bytes",
+        "progress_s",
         "queue",
         "range_id",
         "records",
         "reopening",
+        "stale",
         "stream",
         "timer",
         "unacked",
     )
 
-    def __init__(self, index: int, range_id: int) -> None:
+    def __init__(self, index: int, range_id: int, leader: str | None) -> None:
         self.index = index
         self.range_id = range_id
+        self.leader = leader  # host:port of the broker leading the range (None: the bootstrap)
+        self.stale = False  # a stream failed: ask the metadata for the leader before reopening
+        self.progress_s = 0.0  # monotonic time of the last Ack, or of a send into an idle stream
         self.records: list[Record] = []
         self.parts: list[tuple[_Call, int, int]] = []
         self.pending_bytes = 0
@@ -139,18 +153,21 @@ class NorthguardProducer(ShardProducer):
         options: ProducerOptions,
         credential_source: CredentialSource | None = None,
         tls_context: ssl.SSLContext | None = None,
+        metadata: Callable[[], Awaitable[TopicView]] | None = None,
     ) -> None:
         self._runtime = runtime
+        self._metadata = metadata
         self._credential_source = credential_source
         self._tls_context = tls_context
         self._address = address
         self._topic = topic
         self._options = options
         self._linger_s = options.linger_ms / 1000
+        self._stall_s = max(ACK_STALL_S_MIN, options.request_timeout_s / 4)
         self._loop = asyncio.get_running_loop()
-        self._shards = [_Shard(i, r.range_id) for i, r in enumerate(topic.ranges)]
-        self._connection: ClientConnection | None = None
-        self._connecting: asyncio.Future[ClientConnection] | None = None
+        self._shards = [_Shard(i, r.range_id, r.leader) for i, r in enumerate(topic.ranges)]
+        self._connections: dict[str, ClientConnection] = {}  # by address: one per leader
+        self._connecting: dict[str, asyncio.Future[ClientConnection]] = {}
         self._producer_id = runtime.random.getrandbits(63)
         self._next_seq = 0  # per producer id, shared by shards (each range sees an increasing run)
         self._seqs: dict[int, int] = {}
@@ -264,10 +281,17 @@ class NorthguardProducer(ShardProducer):
             return
         queue = state.queue
         try:
+            idle = bool(queue) and not state.unacked
+            if idle:
+                state.progress_s = self._runtime.monotonic_s()
             while queue and stream.has_room(len(queue[0].data)):
                 batch = queue.popleft()
                 state.unacked.append(batch)
                 stream.append(batch.seq, batch.data)
+            if idle and state.deadline_timer is not None:  # wake for a stall, not the deadline
+                state.deadline_timer.cancel()
+                state.deadline_timer = None
+                self._arm_deadline(state)
         except XinfraError as error:
             self._on_stream_failure(state, stream, error)
 
@@ -284,13 +308,16 @@ class NorthguardProducer(ShardProducer):
     async def _open_stream(self, state: _Shard) -> None:
         try:
             while state.queue:
-                if state.failures:
+                moved = state.failures == 1 and isinstance(state.last_error, NotLeader)
+                if state.failures and not moved:  # a first not_leader: straight to the leader
                     await self._runtime.sleep(self._backoff_s(state))
                     if not state.queue:  # failed by its deadline meanwhile
                         return
                 stream: ProduceStream | None = None
                 try:
-                    connection = await self._connect()
+                    if state.stale:
+                        await self._refresh_leaders(state)
+                    connection = await self._connect(state.leader or self._address)
                     stream = ProduceStream(
                         connection,
                         self._topic.name,
@@ -303,19 +330,23 @@ class NorthguardProducer(ShardProducer):
                     wait_s = (
                         state.queue[0].deadline - self._runtime.monotonic_s() if state.queue else 0
                     )
-                    await asyncio.wait_for(asyncio.shield(stream.opened), max(0.1, wait_s))
+                    await asyncio.wait_for(
+                        asyncio.shield(stream.opened), max(0.1, min(self._stall_s, wait_s))
+                    )
                     state.reopening = None
                     self._pump(state)
                     return
                 except TimeoutError:
                     state.last_error = BackendTimeout(
-                        f"Northguard broker {self._address} did not open a stream"
+                        f"Northguard broker {state.leader or self._address} did not open a stream"
                     )
+                    state.stale = True
                 except XinfraError as error:
                     if not error.retriable:
                         self._fail_shard(state, error)
                         return
                     state.last_error = error
+                    state.stale = True
                 if stream is not None and state.stream is stream:
                     state.stream = None
                     stream.close()
@@ -331,11 +362,15 @@ class NorthguardProducer(ShardProducer):
         return ceiling * (0.5 + 0.5 * self._runtime.random.random())
 
     def _arm_deadline(self, state: _Shard) -> None:
-        """Wake up at the oldest unacknowledged batch's deadline (one timer per shard)."""
+        """Wake up at the oldest unacknowledged batch's deadline, or sooner to look for a stalled
+        stream (one timer per shard)."""
         if state.deadline_timer is not None or self._closed_for_good(state):
             return
         oldest = state.unacked[0] if state.unacked else state.queue[0]
-        delay_s = max(0.0, oldest.deadline - self._runtime.monotonic_s())
+        wake_s = oldest.deadline
+        if state.unacked:
+            wake_s = min(wake_s, state.progress_s + self._stall_s)
+        delay_s = max(0.0, wake_s - self._runtime.monotonic_s())
         state.deadline_timer = self._runtime.call_later(
             delay_s, functools.partial(self._on_deadline, state)
         )
@@ -345,38 +380,65 @@ class NorthguardProducer(ShardProducer):
         if self._closed_for_good(state):
             return
         oldest = state.unacked[0] if state.unacked else state.queue[0]
-        if oldest.deadline > self._runtime.monotonic_s():
+        now_s = self._runtime.monotonic_s()
+        if oldest.deadline > now_s:
+            stream = state.stream
+            if stream is not None and state.unacked and now_s - state.progress_s >= self._stall_s:
+                state.progress_s = now_s  # one reopen per stall period
+                self._on_stream_failure(
+                    state,
+                    stream,
+                    BackendTimeout(
+                        f"no acknowledgement in {self._stall_s:g} s from Northguard broker "
+                        f"{state.leader or self._address}; reopening on the current leader"
+                    ),
+                )
             self._arm_deadline(state)
             return
-        waited = f"not acknowledged in {self._options.request_timeout_s:g} s by Northguard broker {self._address}"
+        waited = f"not acknowledged in {self._options.request_timeout_s:g} s by Northguard broker {state.leader or self._address}"
         last = state.last_error
         if last is None or isinstance(last, Timeout):
             self._fail_shard(state, BackendTimeout(waited))
         else:
             self._fail_shard(state, type(last)(f"{waited}: {last.message}"))
 
-    async def _connect(self) -> ClientConnection:
-        if self._connection is not None and not self._connection.closed:
-            return self._connection
-        if self._connecting is None:
-            self._connecting = asyncio.ensure_future(
+    async def _refresh_leaders(self, state: _Shard) -> None:
+        """After a stream failure: the leaders the metadata names now (a leader died or its
+        range moved on to a segment led elsewhere); kept as they were if it does not answer."""
+        state.stale = False
+        if self._metadata is None:
+            return
+        view = await self._metadata()
+        leaders = {r.range_id: r.leader for r in view.ranges}
+        for shard in self._shards:
+            if shard.range_id in leaders:
+                shard.leader = leaders[shard.range_id]
+
+    async def _connect(self, address: str) -> ClientConnection:
+        connection = self._connections.get(address)
+        if connection is not None and not connection.closed:
+            return connection
+        connecting = self._connecting.get(address)
+        if connecting is None:
+            connecting = self._connecting[address] = asyncio.ensure_future(
                 ClientConnection.open(
                     self._runtime,
-                    self._address,
+                    address,
                     self._options.request_timeout_s,
                     credential_source=self._credential_source,
                     tls_context=self._tls_context,
                 )
             )
         try:
-            self._connection = await asyncio.shield(self._connecting)
+            connection = self._connections[address] = await asyncio.shield(connecting)
         finally:
-            if self._connecting is not None and self._connecting.done():
-                self._connecting = None
-        return self._connection
+            if connecting.done() and self._connecting.get(address) is connecting:
+                del self._connecting[address]
+        return connection
 
     def _on_acks(self, state: _Shard, first_seq: int, offsets: tuple[int, ...]) -> None:
         unacked = state.unacked
+        state.progress_s = self._runtime.monotonic_s()
         state.failures = 0
         state.last_error = None
         for position, base_offset in enumerate(offsets):
@@ -412,6 +474,7 @@ class NorthguardProducer(ShardProducer):
         state.stream = None
         stream.close()
         if error.retriable:
+            state.stale = True
             state.queue.extendleft(reversed(state.unacked))
             state.unacked.clear()
             state.failures += 1
@@ -476,5 +539,6 @@ class NorthguardProducer(ShardProducer):
                 state.deadline_timer = None
         for task in list(self._tasks):
             task.cancel()
-        if self._connection is not None:
-            await self._connection.close()
+        for connection in self._connections.values():
+            await connection.close()
+        self._connections.clear()

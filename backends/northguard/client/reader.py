@@ -9,7 +9,8 @@ after its last ``await``: a cancelled poll has taken nothing, so it loses
 nothing.
 
 A stream that fails with a retriable error (the connection dropped, the
-broker restarted) is reopened at the shard's position by the next poll; a
+broker restarted, its leader changed) is reopened at the shard's position by
+the next poll, on the leader the refreshed topic metadata names; a
 non-retriable one (``TopicNotFound``, ``OffsetOutOfRange``, ``CorruptData``)
 is raised by that poll.
 """
@@ -100,6 +101,7 @@ class NorthguardReader(ShardReader):
                 if not failure.retriable:
                     raise failure
                 stream = None
+                view = await self._topic(refresh=True)  # its leader may have changed
             if stream is None:
                 connection = await self._admin.connection_to(view.ranges[shard].leader)
                 if shard in self._streams or self._positions.get(shard) != position:
