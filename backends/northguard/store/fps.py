@@ -1008,22 +1008,34 @@ class FpsStore(SegmentStore):
     async def append(
         self, segment_id: str, base_offset: int, record_count: int, batch: bytes
     ) -> Entry:
+        # Shielded: a cancelled caller does not cancel the write, which may still become durable.
+        return await asyncio.shield(self.submit(segment_id, base_offset, record_count, batch))
+
+    def submit(
+        self, segment_id: str, base_offset: int, record_count: int, batch: bytes
+    ) -> asyncio.Future[Entry]:
+        """Queue the append now; its future resolves once it is durable (or fails with its error)."""
+        future: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
         if record_count <= 0:
-            raise InvalidRequest(f"an entry holds at least one record, not {record_count}")
-        if not batch or len(batch) > BATCH_BYTES_MAX:
-            raise InvalidRequest(f"a batch holds 1..{BATCH_BYTES_MAX} bytes, not {len(batch)}")
-        request = _Append(
-            segment_id, base_offset, record_count, batch, asyncio.get_running_loop().create_future()
-        )
-        if self._waiting or (
+            future.set_exception(
+                InvalidRequest(f"an entry holds at least one record, not {record_count}")
+            )
+        elif not batch or len(batch) > BATCH_BYTES_MAX:
+            future.set_exception(
+                InvalidRequest(f"a batch holds 1..{BATCH_BYTES_MAX} bytes, not {len(batch)}")
+            )
+        elif self._waiting or (
             self._queue and self._queue_bytes + len(batch) > self._queue_bytes_max
         ):
-            self._check_writable()
-            self._waiting.append(request)
+            try:
+                self._check_writable()
+            except (StorageError, Unavailable) as error:
+                future.set_exception(error)
+            else:
+                self._waiting.append(_Append(segment_id, base_offset, record_count, batch, future))
         else:
-            self._admit(request)
-        # Shielded: a cancelled caller does not cancel the write, which may still become durable.
-        return await asyncio.shield(request.future)
+            self._admit(_Append(segment_id, base_offset, record_count, batch, future))
+        return future
 
     def _admit(self, request: _Append) -> None:
         """Validate against the log end including queued appends, then queue; or fail the future."""
