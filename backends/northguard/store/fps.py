@@ -379,7 +379,9 @@ class FpsStore(SegmentStore):
         self._checkpoint_s = checkpoint_ms / 1000
         self._close_timeout_s = close_timeout_ms / 1000
         self._deleted_ids: set[str] = set()  # deleted; a WAL file may still hold their frames
-        self._segments_dir_unsynced = False  # a segment file was removed since the dir's last sync
+        # Files were removed (a deleted segment's, or WAL files that held its frames) since the
+        # directories were last synced: they are, before the next create makes a meta durable.
+        self._removals_unsynced = False
         self._dirty: set[str] = set()  # segments written since the last checkpoint
         self._dirty_since_s = 0.0
         self._checkpoint_timer: asyncio.TimerHandle | None = None
@@ -826,19 +828,21 @@ class FpsStore(SegmentStore):
         """Every meta in one synced index batch, and no file: the segment's first write makes it.
 
         A meta whose file does not exist names an empty segment; a file no meta
-        names is an orphan.  A removal that is not durable yet is made so first:
-        the file of a deleted segment that a power loss brought back would
-        otherwise be taken for the new segment's if its id is used again.
+        names is an orphan.  Removals that are not durable yet are made so first
+        (one sync of each directory for any number of deletes): a deleted
+        segment's file or WAL files that a power loss brought back would
+        otherwise give its old entries to a new segment of the same id.
         """
-        if self._segments_dir_unsynced:
+        if self._removals_unsynced:
+            self._removals_unsynced = False
             self._sync_segments_dir()
+            self._wal.sync_directory()
         index = self._require_index()
         index.put_metas({meta.segment_id: meta.pack() for meta in metas})
         self._sync_index(index)
 
     def _sync_segments_dir(self) -> None:
         """Make the segment directory's entries durable as they are now: files made and removed."""
-        self._segments_dir_unsynced = False
         create_durably(self._disk, self._segments_dir / DIRECTORY_MARKER)  # the rename syncs it
 
     async def seal(self, segment_id: str, end_offset: int | None = None) -> SegmentInfo:
@@ -1001,7 +1005,7 @@ class FpsStore(SegmentStore):
         self._sync_index(index)  # durable before the file goes: a meta never names a missing file
         self.pool.forget(segment.file)
         self._disk.remove(self._segments_dir / (sid + SEGMENT_SUFFIX))
-        self._segments_dir_unsynced = True  # synced before an id can be created again
+        self._removals_unsynced = True  # synced before an id can be created again
 
     # -- appends and group commit ----------------------------------------------------------------
 
@@ -1404,10 +1408,9 @@ class FpsStore(SegmentStore):
         return whether it removed them all (nothing acknowledged is then only in the WAL)."""
         ends = {sid: end for sid, end in taken.ends.items() if sid not in skipped}
         keep = bool(skipped) or taken.unwritten
-        deleted = bool(self._deleted_ids)
         try:
             await to_completion(
-                self._runtime.run_blocking(self._record_ends, ends, taken.covered, keep, deleted)
+                self._runtime.run_blocking(self._record_ends, ends, taken.covered, keep)
             )
         except Exception as error:
             self._wal.retire(taken.covered)
@@ -1418,26 +1421,21 @@ class FpsStore(SegmentStore):
         self.stats.checkpoints += 1
         self.stats.checkpoint_s_total += self._runtime.monotonic_s() - taken.started_s
         if not keep:  # every WAL file from before this checkpoint is gone
+            if self._deleted_ids:  # ... not durably yet: synced before the next create
+                self._removals_unsynced = True
             self._deleted_ids.clear()
         return not keep
 
-    def _record_ends(
-        self, ends: dict[str, SegmentEnd], covered: list[Path], keep: bool, deleted: bool
-    ) -> None:
-        """``deleted``: segments were deleted since the WAL was last released; once it is, the
-        removals are made durable, so that no power loss brings back a WAL file that would
-        replay a deleted segment's frames into a new segment of the same id."""
+    def _record_ends(self, ends: dict[str, SegmentEnd], covered: list[Path], keep: bool) -> None:
         index = self._require_index()
         index.write([], ends)
         before = self.syncs.get(*_LOCKED_SYNCS)
         self._sync_index(index)
+        self.stats.checkpoint_fsyncs += self.syncs.get(*_LOCKED_SYNCS) - before
         if keep:
             self._wal.retire(covered)  # still needed by the files not synced
         else:
             self._wal.remove(covered)
-            if deleted:
-                self._wal.sync_directory()
-        self.stats.checkpoint_fsyncs += self.syncs.get(*_LOCKED_SYNCS) - before
 
     def _sync_index(self, index: OffsetIndex) -> None:
         index.sync()
@@ -1658,6 +1656,8 @@ class FpsStore(SegmentStore):
             self._sync_segments_dir()  # their entries durable before the WAL that holds them goes
             for file in files:
                 file.on_disk = True
+        else:  # an earlier process's removals may not be durable: synced before the first create
+            self._removals_unsynced = True
         index.write(points, new_ends)
         for segment in self._segments.values():
             sealed_end = segment.meta.sealed_end_offset

@@ -107,9 +107,13 @@ async def test_recovery_makes_the_files_it_recreates_durable_before_dropping_the
         await store.close()
 
 
-async def test_a_reused_id_never_gets_the_deleted_files_entries_after_a_power_loss() -> None:
-    """A segment written and checkpointed, deleted, created again with the same id and written:
-    after the power loss the new segment holds its own entry, never the old file's."""
+@pytest.mark.parametrize("restarted", [False, True], ids=["same-process", "clean-restart"])
+async def test_a_reused_id_never_gets_the_deleted_files_entries_after_a_power_loss(
+    restarted: bool,
+) -> None:
+    """A segment written and checkpointed, deleted, created again with the same id (by the same
+    process, or after a clean restart) and written: after the power loss the new segment holds
+    its own entry, never the old file's."""
     runtime = PowerLossRuntime()
     index = runtime.disk.index()
     store = _store(runtime, index)
@@ -120,6 +124,10 @@ async def test_a_reused_id_never_gets_the_deleted_files_entries_after_a_power_lo
         await store.append("s1", offset, 1, b"old %d" % offset)
     assert await store.checkpoint()
     await store.delete_segment("s1")
+    if restarted:
+        await store.close()
+        store = _store(runtime, index)
+        await store.open()
     await store.create_segment("s1", 0)
     new = await store.append("s1", 0, 1, b"new 0")
     await store.append("other", 0, 1, b"keeps the WAL busy")
