@@ -251,18 +251,16 @@ class RangeLog:
         self._inflight.append(item)
         self._storing += 1
         self._idle.clear()
-        task = self._loop.create_task(
-            self._store.append(self.active, item.base_offset, count, batch)
-        )
-        task.add_done_callback(lambda done: self._stored(item, done))
+        stored = self._store.submit(self.active, item.base_offset, count, batch)
+        stored.add_done_callback(lambda done: self._stored(item, done))
         if self.replicator is not None:
             self.replicator.send(item.base_offset, count, batch, self.committed)
 
-    def _stored(self, item: _Inflight, task: asyncio.Task[Entry]) -> None:
-        if task.cancelled():
+    def _stored(self, item: _Inflight, stored: asyncio.Future[Entry]) -> None:
+        if stored.cancelled():
             item.outcome = Sealed("append cancelled: the broker is stopping")
         else:
-            error = task.exception()
+            error = stored.exception()
             item.outcome = True if error is None else error
         self._storing -= 1
         self.advance()

@@ -143,16 +143,21 @@ class FilePool:
         """Close idle files, oldest first, until ``room`` more fit (or only ``keep`` files stay open)."""
         if self.descriptors + room <= self.descriptors_max and keep is None:
             return
-        for candidate in list(self._open):
+        pinned: list[PooledFile] = []  # met at the front: put back there, in order
+        while self._open:
             if keep is None and self.descriptors + room <= self.descriptors_max:
-                return
-            if keep is not None and len(self._open) <= keep:
-                return
+                break
+            if keep is not None and len(self._open) + len(pinned) <= keep:
+                break
+            candidate, _ = self._open.popitem(last=False)  # O(1): no copy of the whole pool
             if candidate.pins:
+                pinned.append(candidate)
                 continue
-            del self._open[candidate]
             self.descriptors -= candidate.close_handles()
             self.closes += 1
+        for file in reversed(pinned):
+            self._open[file] = None
+            self._open.move_to_end(file, last=False)
 
     def descriptors_released(self, count: int) -> None:
         """A file closed ``count`` of its handles by itself (an O_DIRECT write refused)."""

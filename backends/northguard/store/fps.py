@@ -49,6 +49,14 @@ may be using them).  Nothing acknowledged is lost: it is in the synced WAL.
 or seal thousands of segments, one scan to load them) and segment files are
 opened on demand through a bounded ``FilePool``; a restart opens only the
 files the WAL replay touches, so its time does not grow with the segments.
+Creating a segment is that index batch alone: its file is made by its first
+write (a writer pass, off the acknowledgement path), and the directory entry
+is made durable by the checkpoint that records the file's end, before the WAL
+that holds its entries can go (recovery does the same for the files it
+re-creates from the WAL).  A meta whose file does not exist names an empty
+segment.  Removing a file (a delete) is made durable before a segment is
+created again, and so is the removal of WAL files after a delete, so no power
+loss brings back a deleted segment's bytes under a new segment of its id.
 The queue is bounded (``queue_bytes_max``): past it, ``append`` waits, in
 call order, for the running flush to take a group.
 
@@ -106,11 +114,11 @@ import bisect
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Coroutine
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from backends.northguard.runtime import Runtime
 from backends.northguard.shielded import to_completion
@@ -156,12 +164,44 @@ log = logging.getLogger(__name__)
 
 BATCH_BYTES_MAX = 64 * 1024 * 1024  # one entry; a producer batch is far smaller
 READ_CHUNK_BYTES = 256 * 1024
+DIRECTORY_MARKER = "created.sync"
+"""The empty file whose durable creation (a rename) syncs the segment directory."""
 
-_FSYNC_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fps-fsync")
-"""Where a flush fsyncs its segment files side by side: on ext4, fsyncs in flight together
-share a journal commit, so a flush touching N segments costs about one fsync, not N
-(measured on a shared 2-vCPU VM: 4 segment fsyncs 11.5 ms one after another, 1.2 ms
-together)."""
+_SIDE_BY_SIDE = 8
+_FSYNC_POOL = ThreadPoolExecutor(max_workers=_SIDE_BY_SIDE, thread_name_prefix="fps-fsync")
+"""Where segment files are written and fsynced side by side: on ext4, fsyncs in flight together
+share a journal commit, so syncing N segments costs about one fsync, not N (measured on a
+shared 2-vCPU VM: 4 segment fsyncs 11.5 ms one after another, 1.2 ms together)."""
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+def _side_by_side(function: Callable[[_T], _R], items: list[_T]) -> list[_R | Exception]:
+    """``function`` of every item, up to ``_SIDE_BY_SIDE`` at once; per item its result or error.
+
+    One pool task per thread, each going through its share of the items, not
+    one per item: with hundreds of segments a task each cost more than the
+    writes (futures, locks and GIL hand-offs, all on the event loop's GIL).
+    """
+
+    def run(share: list[_T]) -> list[_R | Exception]:
+        outcomes: list[_R | Exception] = []
+        for item in share:
+            try:
+                outcomes.append(function(item))
+            except Exception as error:
+                outcomes.append(error)
+        return outcomes
+
+    if len(items) <= 1:
+        return run(items)
+    ways = min(_SIDE_BY_SIDE, len(items))
+    futures = [_FSYNC_POOL.submit(run, items[start::ways]) for start in range(ways)]
+    results: list[_R | Exception] = list(items)  # type: ignore[arg-type]  # each slot replaced
+    for start, future in enumerate(futures):
+        results[start::ways] = future.result()
+    return results
 
 
 def _fsync_all(files: list[SegmentFile]) -> list[SegmentFile]:
@@ -170,18 +210,12 @@ def _fsync_all(files: list[SegmentFile]) -> list[SegmentFile]:
     A file that could not be opened (``NoDescriptor``) is not synced: the
     caller keeps the WAL that covers it and tries again at the next checkpoint.
     """
-    if len(files) == 1:
-        futures = [_FSYNC_POOL.submit(files[0].fsync)]
-    else:
-        futures = [_FSYNC_POOL.submit(file.fsync) for file in files]
-    wait(futures)
     skipped: list[SegmentFile] = []
-    for file, future in zip(files, futures, strict=True):
-        error = future.exception()
-        if isinstance(error, NoDescriptor):
+    for file, outcome in zip(files, _side_by_side(SegmentFile.fsync, files), strict=True):
+        if isinstance(outcome, NoDescriptor):
             skipped.append(file)
-        elif error is not None:
-            raise error
+        elif isinstance(outcome, Exception):
+            raise outcome
     return skipped
 
 
@@ -189,24 +223,21 @@ def _append_all(writes: dict[SegmentFile, bytes]) -> dict[SegmentFile, int | NoD
     """Append to every file, side by side when several (an O_DIRECT write waits for the device):
     where each write starts, or ``NoDescriptor`` for a file that could not be opened; any other
     error is raised once all have finished."""
-    if len(writes) == 1:
-        ((file, data),) = writes.items()
-        try:
-            return {file: file.append(data)}
-        except NoDescriptor as refused:
-            return {file: refused}
-    futures = {file: _FSYNC_POOL.submit(file.append, data) for file, data in writes.items()}
-    wait(futures.values())
+    items = list(writes.items())
     outcomes: dict[SegmentFile, int | NoDescriptor] = {}
-    for file, future in futures.items():
-        failure = future.exception()
-        if isinstance(failure, NoDescriptor):
-            outcomes[file] = failure
-        elif failure is not None:
-            raise failure
+    for (file, _), outcome in zip(items, _side_by_side(_append_one, items), strict=True):
+        if isinstance(outcome, NoDescriptor):
+            outcomes[file] = outcome
+        elif isinstance(outcome, Exception):
+            raise outcome
         else:
-            outcomes[file] = future.result()
+            outcomes[file] = outcome
     return outcomes
+
+
+def _append_one(write: tuple[SegmentFile, bytes]) -> int:
+    file, data = write
+    return file.append(data)
 
 
 _LOCKED_SYNCS = ("wal", "directory", "index")
@@ -348,6 +379,9 @@ class FpsStore(SegmentStore):
         self._checkpoint_s = checkpoint_ms / 1000
         self._close_timeout_s = close_timeout_ms / 1000
         self._deleted_ids: set[str] = set()  # deleted; a WAL file may still hold their frames
+        # Files were removed (a deleted segment's, or WAL files that held its frames) since the
+        # directories were last synced: they are, before the next create makes a meta durable.
+        self._removals_unsynced = False
         self._dirty: set[str] = set()  # segments written since the last checkpoint
         self._dirty_since_s = 0.0
         self._checkpoint_timer: asyncio.TimerHandle | None = None
@@ -764,7 +798,7 @@ class FpsStore(SegmentStore):
                     for meta in metas:
                         self._segments[meta.segment_id] = _Segment(
                             meta,
-                            self._segment_file(meta.segment_id, 0),
+                            self._segment_file(meta.segment_id, 0, on_disk=False),
                             meta.start_offset,
                             0,
                             meta.start_offset,
@@ -779,24 +813,37 @@ class FpsStore(SegmentStore):
                     future.set_exception(error)
                     future.exception()  # retrieved: a cancelled creator must not warn
 
-    def _segment_file(self, segment_id: str, length: int) -> SegmentFile:
+    def _segment_file(self, segment_id: str, length: int, *, on_disk: bool = True) -> SegmentFile:
         where = (self._segments_dir, segment_id + SEGMENT_SUFFIX)
-        return SegmentFile(self._disk, where, direct=self._direct_io, pool=self.pool, length=length)
+        return SegmentFile(
+            self._disk,
+            where,
+            direct=self._direct_io,
+            pool=self.pool,
+            length=length,
+            on_disk=on_disk,
+        )
 
     def _create_blocking(self, metas: list[SegmentMeta]) -> None:
-        """The files first, their directory synced once, then every meta in one synced index batch."""
-        for meta in metas:
-            handle = self._disk.open(self._segments_dir / (meta.segment_id + SEGMENT_SUFFIX))
-            try:
-                handle.truncate(0)
-            finally:
-                handle.close()
-        create_durably(self._disk, self._segments_dir / "created.sync")  # the rename syncs the dir
+        """Every meta in one synced index batch, and no file: the segment's first write makes it.
+
+        A meta whose file does not exist names an empty segment; a file no meta
+        names is an orphan.  Removals that are not durable yet are made so first
+        (one sync of each directory for any number of deletes): a deleted
+        segment's file or WAL files that a power loss brought back would
+        otherwise give its old entries to a new segment of the same id.
+        """
+        if self._removals_unsynced:
+            self._removals_unsynced = False
+            self._sync_segments_dir()
+            self._wal.sync_directory()
         index = self._require_index()
         index.put_metas({meta.segment_id: meta.pack() for meta in metas})
-        self._sync_index(
-            index
-        )  # a meta never names a missing file; a file no meta names is an orphan
+        self._sync_index(index)
+
+    def _sync_segments_dir(self) -> None:
+        """Make the segment directory's entries durable as they are now: files made and removed."""
+        create_durably(self._disk, self._segments_dir / DIRECTORY_MARKER)  # the rename syncs it
 
     async def seal(self, segment_id: str, end_offset: int | None = None) -> SegmentInfo:
         segment = self._get(segment_id)
@@ -958,28 +1005,41 @@ class FpsStore(SegmentStore):
         self._sync_index(index)  # durable before the file goes: a meta never names a missing file
         self.pool.forget(segment.file)
         self._disk.remove(self._segments_dir / (sid + SEGMENT_SUFFIX))
+        self._removals_unsynced = True  # synced before an id can be created again
 
     # -- appends and group commit ----------------------------------------------------------------
 
     async def append(
         self, segment_id: str, base_offset: int, record_count: int, batch: bytes
     ) -> Entry:
+        # Shielded: a cancelled caller does not cancel the write, which may still become durable.
+        return await asyncio.shield(self.submit(segment_id, base_offset, record_count, batch))
+
+    def submit(
+        self, segment_id: str, base_offset: int, record_count: int, batch: bytes
+    ) -> asyncio.Future[Entry]:
+        """Queue the append now; its future resolves once it is durable (or fails with its error)."""
+        future: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
         if record_count <= 0:
-            raise InvalidRequest(f"an entry holds at least one record, not {record_count}")
-        if not batch or len(batch) > BATCH_BYTES_MAX:
-            raise InvalidRequest(f"a batch holds 1..{BATCH_BYTES_MAX} bytes, not {len(batch)}")
-        request = _Append(
-            segment_id, base_offset, record_count, batch, asyncio.get_running_loop().create_future()
-        )
-        if self._waiting or (
+            future.set_exception(
+                InvalidRequest(f"an entry holds at least one record, not {record_count}")
+            )
+        elif not batch or len(batch) > BATCH_BYTES_MAX:
+            future.set_exception(
+                InvalidRequest(f"a batch holds 1..{BATCH_BYTES_MAX} bytes, not {len(batch)}")
+            )
+        elif self._waiting or (
             self._queue and self._queue_bytes + len(batch) > self._queue_bytes_max
         ):
-            self._check_writable()
-            self._waiting.append(request)
+            try:
+                self._check_writable()
+            except (StorageError, Unavailable) as error:
+                future.set_exception(error)
+            else:
+                self._waiting.append(_Append(segment_id, base_offset, record_count, batch, future))
         else:
-            self._admit(request)
-        # Shielded: a cancelled caller does not cancel the write, which may still become durable.
-        return await asyncio.shield(request.future)
+            self._admit(_Append(segment_id, base_offset, record_count, batch, future))
+        return future
 
     def _admit(self, request: _Append) -> None:
         """Validate against the log end including queued appends, then queue; or fail the future."""
@@ -1318,7 +1378,7 @@ class FpsStore(SegmentStore):
         before = self.syncs.get("segment")  # only checkpoints (one at a time) sync segment files
         try:
             skipped = await to_completion(
-                self._runtime.run_blocking(_fsync_all, [s.file for s in taken.dirty])
+                self._runtime.run_blocking(self._sync_files, [s.file for s in taken.dirty])
             )
         except OSError as error:
             self._wal.retire(taken.covered)  # still needed: nothing is released
@@ -1327,6 +1387,21 @@ class FpsStore(SegmentStore):
         self.stats.checkpoint_fsyncs += self.syncs.get("segment") - before
         paths = {file.path for file in skipped}
         return {s.meta.segment_id for s in taken.dirty if s.file.path in paths}
+
+    def _sync_files(self, files: list[SegmentFile]) -> list[SegmentFile]:
+        """fsync ``files`` side by side, then their directory if one of them was made since its
+        last sync (a new segment's first write makes its file): an end is recorded only for a
+        file whose bytes and directory entry are both durable.  Returns the files skipped."""
+        skipped = _fsync_all(files)
+        left_out = set(skipped)
+        made = [file for file in files if not file.on_disk and file not in left_out]
+        if made:
+            before = self.syncs.get("directory")
+            self._sync_segments_dir()
+            self.stats.checkpoint_fsyncs += self.syncs.get("directory") - before
+            for file in made:
+                file.on_disk = True
+        return skipped
 
     async def _checkpoint_end(self, taken: _Checkpoint, skipped: set[str]) -> bool:
         """Record the synced ends, sync the index, then remove the WAL files the checkpoint covers;
@@ -1346,6 +1421,8 @@ class FpsStore(SegmentStore):
         self.stats.checkpoints += 1
         self.stats.checkpoint_s_total += self._runtime.monotonic_s() - taken.started_s
         if not keep:  # every WAL file from before this checkpoint is gone
+            if self._deleted_ids:  # ... not durably yet: synced before the next create
+                self._removals_unsynced = True
             self._deleted_ids.clear()
         return not keep
 
@@ -1499,9 +1576,11 @@ class FpsStore(SegmentStore):
             self._index = RocksOffsetIndex(self.data_dir / "index")
         index = self._index
         names = disk.listdir(self._segments_dir)
+        removed = False  # a file removed here: the directory is synced before anything is created
         for name in names:
             if name.endswith((".tmp", ".deleted")):
                 disk.remove(self._segments_dir / name)
+                removed = True
         legacy = [n for n in names if n.endswith(META_SUFFIX)]
         if legacy:  # a data directory of the file-per-meta layout: move the metas into the index
             metas_read = [read_meta(disk, self._segments_dir / n) for n in legacy]
@@ -1510,15 +1589,21 @@ class FpsStore(SegmentStore):
             for name in legacy:
                 disk.remove(self._segments_dir / name)
         metas = {sid: SegmentMeta.unpack(sid, packed) for sid, packed in index.metas().items()}
-        for name in names:  # orphans of a create or a delete cut by a crash
+        for name in names:  # orphans of a delete cut by a crash
             if name.endswith(SEGMENT_SUFFIX) and name[: -len(SEGMENT_SUFFIX)] not in metas:
                 disk.remove(self._segments_dir / name)
+                removed = True
         ends = index.ends()
         for sid in ends:
             if sid not in metas:
                 index.delete_segment(sid)
+        present = {name for name in names if name.endswith(SEGMENT_SUFFIX)}
         for meta in metas.values():
-            self._segments[meta.segment_id] = self._recover_segment(meta, ends.get(meta.segment_id))
+            sid = meta.segment_id
+            # Durable only if an end was recorded for it (after its directory was synced): a file
+            # listed now may be one whose entry a power loss would still take.
+            on_disk = sid + SEGMENT_SUFFIX in present and sid in ends
+            self._segments[sid] = self._recover_segment(meta, ends.get(sid), on_disk)
 
         report = ReplayReport()
         wal_files = sorted(self._wal.existing())
@@ -1526,7 +1611,11 @@ class FpsStore(SegmentStore):
         adopted: list[str] = []
         for sid in dict.fromkeys(frame.segment_id for frame in wal_frames):
             segment = self._segments.get(sid)
-            if segment is not None and self._adopt_tail(segment):
+            if (
+                segment is not None
+                and sid + SEGMENT_SUFFIX in present
+                and self._adopt_tail(segment)
+            ):
                 adopted.append(sid)
         replayed: dict[str, list[bytes]] = {}  # per segment, frames to append, in order
         points: list[IndexPoint] = []
@@ -1559,9 +1648,16 @@ class FpsStore(SegmentStore):
             if sid not in new_ends:
                 segment = self._segments[sid]
                 new_ends[sid] = SegmentEnd(segment.end_position, segment.end_offset)
-        skipped = _fsync_all([self._segments[sid].file for sid in new_ends])
+        files = [self._segments[sid].file for sid in new_ends]
+        skipped = _fsync_all(files)
         if skipped:
             raise NoDescriptor(0, f"recovery could not open {len(skipped)} segment files to sync")
+        if files or removed:
+            self._sync_segments_dir()  # their entries durable before the WAL that holds them goes
+            for file in files:
+                file.on_disk = True
+        else:  # an earlier process's removals may not be durable: synced before the first create
+            self._removals_unsynced = True
         index.write(points, new_ends)
         for segment in self._segments.values():
             sealed_end = segment.meta.sealed_end_offset
@@ -1576,9 +1672,10 @@ class FpsStore(SegmentStore):
         self._sync_index(index)  # from here on the WAL files are redundant
         for path in report.corrupt_files:
             disk.rename(path, path.with_name(path.name + ".corrupt"))  # kept for inspection
+        sequence = self._wal.next_sequence()
         self._wal.retire([path for path in wal_files if path not in report.corrupt_files])
-        self._wal.start(self._wal.next_sequence())
         self._wal.remove_retired()
+        self._wal.start(sequence)  # its file's durable creation makes the removals durable too
         log.info(
             "fps store %s open: %d segments, %d WAL frames read, %d re-applied, %d torn bytes dropped, "
             "%d corrupt WAL frames, %d entries lost",
@@ -1627,7 +1724,9 @@ class FpsStore(SegmentStore):
         self.stats.adopted_frames += kept
         return True
 
-    def _recover_segment(self, meta: SegmentMeta, end: SegmentEnd | None) -> _Segment:
+    def _recover_segment(
+        self, meta: SegmentMeta, end: SegmentEnd | None, on_disk: bool
+    ) -> _Segment:
         """The segment as the index left it; its file is not opened (the pool opens it on demand)."""
         end = end or SegmentEnd(0, meta.start_offset)
         sealed_end = meta.sealed_end_offset
@@ -1637,7 +1736,7 @@ class FpsStore(SegmentStore):
             self._require_index().truncate(meta.segment_id, end)
         return _Segment(
             meta,
-            self._segment_file(meta.segment_id, end.position),
+            self._segment_file(meta.segment_id, end.position, on_disk=on_disk),
             end_offset=end.end_offset,
             end_position=end.position,
             next_offset=end.end_offset,

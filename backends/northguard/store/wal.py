@@ -175,6 +175,10 @@ class WriteAheadLog:
             self._disk.remove(path)
         self._retired.clear()
 
+    def sync_directory(self) -> None:
+        """Make the removals so far durable (the marker's durable creation syncs the directory)."""
+        create_durably(self._disk, self._directory / "removed.sync")
+
     def retire(self, paths: list[Path]) -> None:
         self._retired.extend(paths)
 

@@ -89,6 +89,24 @@ async def test_pipelined_appends_keep_call_order(store: SegmentStore) -> None:
     assert await store.read("s1", 0, 1 << 30) == entries
 
 
+async def test_submitted_appends_are_taken_in_call_order_and_fail_in_their_future(
+    store: SegmentStore,
+) -> None:
+    """``submit`` queues the append when called (no task to be scheduled first): appends issued
+    back to back, with no await between them, keep their order; a refusal is the future's."""
+    await store.create_segment("s1", 0)
+    futures = [store.submit("s1", i * 3, 3, batch(i)) for i in range(300)]
+    refused = [store.submit("s1", 0, 1, b"x"), store.submit("s1", 900, 0, b"x")]
+    entries = await asyncio.gather(*futures)
+    assert [e.base_offset for e in entries] == [i * 3 for i in range(300)]
+    for future in refused:
+        with pytest.raises(InvalidRequest):
+            await future
+    with pytest.raises(NotFound):
+        await store.submit("nope", 0, 1, b"x")
+    assert await store.read("s1", 0, 1 << 30) == entries
+
+
 async def test_read_returns_the_entry_holding_the_offset_and_respects_bytes_max(
     store: SegmentStore,
 ) -> None:
