@@ -7,14 +7,21 @@ Layout under ``data_dir``::
     segments/<id>.meta        start offset, created_ms, state (see ``segment_meta``)
     index/                    RocksDB: sparse offset points and each segment's durable end
 
-**Group commit.**  ``append`` validates and queues; a flush starts when
-``group_commit_ms`` have passed since the first queued append, or the queue
-holds ``group_commit_bytes_max`` bytes or ``group_commit_records_max``
-records.  One flush runs at a time, in a worker thread: write the group's
-frames to the WAL and fsync it (the one fsync of a flush, whatever the number
-of segments it touches); append each segment's frames to its file, not
-synced; write the index points; then resolve every append of the group.
-Appends that arrive during a flush form the next group.
+**Group commit.**  ``append`` validates and queues.  One flush runs at a
+time, in a worker thread: write the group's frames to the WAL and fsync it
+(the one fsync of a flush, whatever the number of segments it touches); then
+resolve every append of the group (the segment files are written beside the
+flushes).  Appends that arrive during a flush form the next group.  By
+default (``group_commit_ms=0``) the group commit is *self-clocking*: an idle
+store flushes what one turn of the event loop queued at once, and a busy one
+starts the next flush as soon as the running one ends, so an append waits at
+most for the flush in progress and its own, and the group grows with the load
+(at 4k appends/s and a ~1 ms fsync, ~4-8 appends a flush; saturated, as many
+as arrive during one flush).  A timer adds nothing but latency: at low load
+there is nothing to batch and at high load the running flush is the window.
+With ``group_commit_ms > 0`` a flush instead starts that long after the first
+queued append.  Either way a group is cut at ``group_commit_bytes_max`` bytes
+or ``group_commit_records_max`` records.
 
 **Checkpoints.**  Segment files are synced in the background of the flushes:
 every ``checkpoint_ms`` while some were written (and whenever the WAL rolls
@@ -61,7 +68,8 @@ records (10 KB per append), a flush carries what arrives in its window: at
 200 MB/s that is 2 MB = 200 appends = 20k records (the record bound), ~100
 flushes/s, ~2M records/s.  The ceiling is the event loop's per-append cost
 (~30-50 us of asyncio work), i.e. ~20-30k appends/s, not the disk.  Latency
-is the group window plus one flush: 10-15 ms at the median when not saturated.
+is at most the flush in progress plus one flush when not saturated (self-clocking; a
+``group_commit_ms`` window adds itself: 10-15 ms at the median with 10 ms).
 Measured by ``bench/northguard_store.py --quick`` (2 vCPUs, ext4 on a virtual
 disk, O_DIRECT granted, 8 segments x 32 appends in flight): 100-byte records,
 18k appends/s, 1.8M records/s, 180 MB/s, 128 appends per flush, p50 12 ms;
@@ -309,7 +317,7 @@ class FpsStore(SegmentStore):
         runtime: Runtime,
         data_dir: Path,
         *,
-        group_commit_ms: float = 10.0,
+        group_commit_ms: float = 0.0,
         group_commit_bytes_max: int = 10 * 1024 * 1024,
         group_commit_records_max: int = 20_000,
         queue_bytes_max: int = 40 * 1024 * 1024,
@@ -1016,7 +1024,10 @@ class FpsStore(SegmentStore):
         ):
             self._wakeup.set()
         elif was_empty and self._timer is None:
-            self._timer = self._runtime.call_later(self._group_commit_s, self._on_timer)
+            if self._group_commit_s:
+                self._timer = self._runtime.call_later(self._group_commit_s, self._on_timer)
+            else:  # self-clocking: at once if idle, else as soon as the running flush ends
+                self._wakeup.set()
 
     def _on_timer(self) -> None:
         self._timer = None
