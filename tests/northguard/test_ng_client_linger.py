@@ -27,6 +27,15 @@ def appends(process: NorthguardProcess) -> float:
     return broker_metrics(process).get("northguard_appends_total", 0.0)
 
 
+def durable(process: NorthguardProcess) -> tuple[float, float]:
+    """Records the store made durable, and the fsyncs its flushes made (the WAL's)."""
+    metrics = broker_metrics(process)
+    return (
+        metrics.get("northguard_store_flushed_records_total", 0.0),
+        metrics.get("northguard_store_flush_fsyncs_total", 0.0),
+    )
+
+
 async def test_an_idle_shard_sends_without_waiting_for_the_linger(
     private_broker: NorthguardProcess,
 ) -> None:
@@ -35,10 +44,14 @@ async def test_an_idle_shard_sends_without_waiting_for_the_linger(
         await backend.create_topic("idle", shard_ranges(2))
         producer = backend.producer("idle", ProducerOptions(linger_ms=LINGER_MS))
         before = appends(private_broker)
+        records_before, fsyncs_before = durable(private_broker)
         same_turn = [producer.send(0, [Record(b"r%d" % i)]) for i in range(10)]
         offsets = await asyncio.wait_for(asyncio.gather(*same_turn), WAIT_S)
         assert [o for call in offsets for o in call] == list(range(10))
         assert appends(private_broker) - before == 1  # one turn's sends: one batch
+        records_after, fsyncs_after = durable(private_broker)
+        assert records_after - records_before == 10  # acknowledged: made durable, not lingering
+        assert fsyncs_after - fsyncs_before >= 1
         other = await asyncio.wait_for(producer.send(1, [Record(b"x")]), WAIT_S)
         assert other == [0]
         await producer.close()
