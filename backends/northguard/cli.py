@@ -65,7 +65,7 @@ def broker(
     segment_bytes_max: int = typer.Option(0, help="Seal segments at this size (0: settings)."),
     segment_age_s_max: float = typer.Option(0.0, help="Seal segments at this age (0: settings)."),
     group_commit_ms: float = typer.Option(
-        -1.0, help="Group commit window (0: self-clocking, -1: settings)."
+        -1.0, help="Least ms between two flushes (-1: settings)."
     ),
     descriptors_max: int = typer.Option(
         0,

@@ -1,6 +1,6 @@
-"""Self-clocking group commit (the default, ``group_commit_ms=0``): an idle store flushes at once;
-appends that arrive while a flush runs share the next one.  Asserted on the store's own flush and
-fsync counters, never on time."""
+"""Self-clocking group commit: an idle store flushes at once; appends that arrive while a flush
+runs share the next one; two flushes start at least ``group_commit_ms`` apart unless a group
+fills.  Asserted on the store's own flush and fsync counters, never on time."""
 
 from __future__ import annotations
 
@@ -54,3 +54,20 @@ async def test_appends_during_a_flush_share_the_next_one(
     assert store.stats.flush_appends_max == 400
     assert store.stats.fsyncs <= 3 * store.flush_count  # one WAL fsync each (three if it rolls)
     assert (store.segment("s1").end_offset, store.segment("s2").end_offset) == (201, 200)
+
+
+async def test_flushes_start_group_commit_ms_apart_unless_a_group_fills(
+    open_fps: StoreFactory,
+) -> None:
+    store = await open_fps(
+        runtime=FrozenTimers(seed=1), group_commit_ms=600_000.0, group_commit_records_max=10
+    )
+    await store.create_segment("s1", 0)
+    await asyncio.wait_for(store.append("s1", 0, 1, b"idle"), 30)  # idle: at once
+    second = asyncio.ensure_future(store.append("s1", 1, 1, b"spaced"))
+    for _ in range(10):
+        await asyncio.sleep(0)  # turns of the loop, no time: the next flush may not start yet
+    assert (store.flush_count, second.done()) == (1, False)
+    third = asyncio.ensure_future(store.append("s1", 2, 9, b"fills the group"))
+    await asyncio.wait_for(asyncio.gather(second, third), 30)  # a full group goes at once
+    assert (store.flush_count, store.stats.flush_appends_max) == (2, 2)
