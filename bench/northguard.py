@@ -778,7 +778,8 @@ def main() -> None:
                 "latency_linger_ms": LATENCY_LINGER_MS,
             },
             "northguard_reader": {"fetch_bytes_max": FETCH_BYTES_MAX, "poll_records": POLL_RECORDS},
-            "northguard_broker": "fps store, defaults (group commit 10 ms), fsync per group commit",
+            "northguard_broker": "fps store, defaults (self-clocking group commit, flushes at least 5 ms "
+            "apart), fsync per group commit",
             "northguard_tls": "a second broker, same settings and disk, client port TLS 1.2+ "
             "(P-256 test certificate, TLS 1.3 negotiated) and a cluster secret (signed credential "
             "per connection, every request authorized); 100 B produce to the plain and the "

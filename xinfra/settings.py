@@ -56,7 +56,8 @@ class Settings(BaseSettings):
     # Northguard broker defaults (DESIGN.md §3; each bound named with its unit).
     segment_bytes_max: int = 1 << 30
     segment_age_s_max: float = 3600.0
-    group_commit_ms: float = 10.0
+    group_commit_ms: float = 5.0
+    """The least time between the starts of two flushes: an idle store flushes at once (FpsStore)."""
     group_commit_bytes_max: int = 10 << 20
     group_commit_records_max: int = 20_000
     frame_bytes_max: int = 16 << 20

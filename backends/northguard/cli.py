@@ -64,7 +64,9 @@ def broker(
     store: str = typer.Option("fps", help="Segment store: fps (durable) or memory."),
     segment_bytes_max: int = typer.Option(0, help="Seal segments at this size (0: settings)."),
     segment_age_s_max: float = typer.Option(0.0, help="Seal segments at this age (0: settings)."),
-    group_commit_ms: float = typer.Option(-1.0, help="Group commit window (-1: settings)."),
+    group_commit_ms: float = typer.Option(
+        -1.0, help="Least ms between two flushes (-1: settings)."
+    ),
     descriptors_max: int = typer.Option(
         0,
         help="Bound of the open segment file pool (0: a quarter of RLIMIT_NOFILE, at most 4096; "

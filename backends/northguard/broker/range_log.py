@@ -8,8 +8,10 @@ client's 100-record batches of 100-byte values that is ~40 us per 100
 records: ~25k appends/s, ~2.5M records/s, 250 MB/s on one core before the
 store's own cost (its docstring: ~18k appends/s through one flush loop).
 The client's record encoding (~1 us per record) is the real ceiling, so the
-broker never looks inside a batch.  Latency is the store's group-commit
-window (10 ms) plus one fsync plus one round trip: ~12-20 ms p99 unloaded.
+broker never looks inside a batch.  Latency is the store's flush in progress
+(its group commit is self-clocking, flushes at least ``group_commit_ms`` apart)
+plus one flush (one fsync) plus one round trip: ~3-8 ms at the median unloaded
+(a 10 ms group-commit window added ~5).
 
 **Commit rule.**  An append is committed when the store has made it durable
 *and* every append before it in the range is committed; only then does its

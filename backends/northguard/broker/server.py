@@ -66,7 +66,7 @@ class BrokerConfig:
     store: str = "fps"  # "fps" (durable) or "memory" (tests, simulator)
     segment_bytes_max: int = 1 << 30
     segment_age_s_max: float = 3600.0
-    group_commit_ms: float = 10.0
+    group_commit_ms: float = 5.0  # the least time between two flushes' starts (FpsStore)
     group_commit_bytes_max: int = 10 << 20
     group_commit_records_max: int = 20_000
     frame_bytes_max: int = FRAME_BYTES_MAX

@@ -1,9 +1,18 @@
 """The Northguard shard producer: accumulate records per shard, encode each batch once, stream it.
 
-Per shard, records accumulate until ``batch_bytes_max`` or ``linger_ms``;
-the batch is then encoded once (``encode_batch``) and given the shard's next
-sequence number.  Batches go out on the shard's produce stream while its
-window has room; Acks resolve each ``send`` future with its offsets.
+Per shard, records accumulate into a batch, which is then encoded once
+(``encode_batch``) and given the shard's next sequence number.  Batches go
+out on the shard's produce stream while its window has room; Acks resolve
+each ``send`` future with its offsets.
+
+**The linger waits only behind a batch in flight.**  A shard with nothing
+sent and unacknowledged seals what one turn of the event loop gave it at the
+end of that turn: waiting would batch nothing more at a low rate and only
+add ``linger_ms`` to every record.  While a batch is in flight, records
+accumulate until ``batch_bytes_max``, ``linger_ms`` or the Ack that leaves
+the shard with nothing in flight, whichever comes first, so under load
+batches grow with the round trip (as Nagle's algorithm does) and the linger
+still bounds how long a record waits to be pipelined.
 
 **Retries keep order.**  When a stream fails with a retriable error (the
 connection dropped, the broker restarted, the range rolled its segment, its
@@ -134,7 +143,7 @@ class _Shard:
         self.records: list[Record] = []
         self.parts: list[tuple[_Call, int, int]] = []
         self.pending_bytes = 0
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: asyncio.Handle | None = None  # seals the records: linger, or end of turn
         self.queue: deque[_Batch] = deque()  # encoded, not sent on the current stream
         self.unacked: deque[_Batch] = deque()  # sent on the current stream
         self.stream: ProduceStream | None = None
@@ -234,6 +243,8 @@ class NorthguardProducer(ShardProducer):
         if state.records and state.timer is None:
             if self._linger_s <= 0:
                 self._seal(state)
+            elif not state.unacked and not state.queue:  # the pipe is idle: go this turn
+                state.timer = self._loop.call_soon(self._seal, state)
             else:
                 state.timer = self._loop.call_later(self._linger_s, self._seal, state)
         return future
@@ -460,7 +471,9 @@ class NorthguardProducer(ShardProducer):
                     self._buffered_bytes -= call.size_bytes
                     if not call.future.done():
                         call.future.set_result(call.offsets)
-        if state.queue:
+        if state.records and not unacked and not state.queue:
+            self._seal(state)  # the pipe went idle: what lingered behind it goes now
+        elif state.queue:
             self._pump(state)
 
     def _on_failure_cb(self, state: _Shard, error: XinfraError) -> None:
