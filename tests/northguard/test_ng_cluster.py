@@ -546,7 +546,12 @@ async def test_a_follower_left_out_of_a_seal_loses_its_orphan_copy(
         return False
 
     wait_until(gone, "the orphan copy's deletion on the restarted follower", 60)
-    assert broker_metrics(coordinator)["northguard_orphan_segments_deleted_total"] >= 1
+    # The follower deletes before the coordinator reads its reply and counts the deletion.
+    wait_until(
+        lambda: broker_metrics(coordinator)["northguard_orphan_segments_deleted_total"] >= 1,
+        "the coordinator's count of the orphan deleted",
+        60,
+    )
     first = request(coordinator, "segment_metadata", name="orphans", range_id=1)["segments"][0]
     assert victim_id not in first["replicas"]
     live = [p for p in processes if p is not victim]
