@@ -448,7 +448,7 @@ class XinfraProducer:
                 size = record.size_bytes()
             else:
                 value = record.value
-                size = (len(key) if key else 0) + (len(value) if value else 0)
+                size = (0 if key is None else len(key)) + (0 if value is None else len(value))
             if size > record_bytes_max:
                 raise RecordTooLarge(
                     f"record of {size} bytes exceeds record_bytes_max={record_bytes_max}; "

@@ -182,7 +182,7 @@ class KafkaShardProducer(ShardProducer):
         for record in records:
             value = record.value
             key = record.key
-            record_size = (len(value) if value else 0) + (len(key) if key else 0)
+            record_size = (0 if value is None else len(value)) + (0 if key is None else len(key))
             if record.headers or record.timestamp_ms is not None:
                 plain = False
                 record_size = record.size_bytes()
