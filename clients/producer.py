@@ -38,7 +38,9 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from itertools import repeat
+from operator import is_not
 from typing import overload
 
 from clients.metadata import MetadataSource, TopicWatch, fetch_metadata
@@ -124,15 +126,21 @@ class Positions(Sequence[Position]):
         """Record where the records at ``indices`` of the call were stored."""
         if self._epochs is None and self._epoch not in (-1, epoch):  # a second epoch: per record
             self._epochs = [self._epoch] * len(self._offsets)
-        if self._epochs is not None:
-            list(map(self._epochs.__setitem__, indices, repeat(epoch)))
         self._epoch = epoch
-        if len(offsets) == len(self._offsets):  # the whole call went to one shard in one batch
+        if len(offsets) == len(self._offsets) and self._epochs is None:
+            # The whole call went to one shard in one batch.
             self._shards = [shard] * len(offsets)
             self._offsets = offsets
             return
-        list(map(self._shards.__setitem__, indices, repeat(shard)))
-        list(map(self._offsets.__setitem__, indices, offsets))
+        # A loop of specialised list stores, cheaper per record than a C ``map`` of
+        # ``list.__setitem__`` (a wrapper call that parses its arguments each time).
+        epochs, shards, stored = self._epochs, self._shards, self._offsets
+        for index, offset in zip(indices, offsets, strict=True):
+            shards[index] = shard
+            stored[index] = offset
+        if epochs is not None:
+            for index in indices:
+                epochs[index] = epoch
 
     def __len__(self) -> int:
         return len(self._offsets)
@@ -427,31 +435,38 @@ class XinfraProducer:
         # One pass: size check and routing, inlined (this loop is the SDK's cost per record).
         count, ranges = self._routing(watch.current)
         record_bytes_max = self.options.record_bytes_max
-        by_shard: list[list[int]] = [[] for _ in range(count)]
-        sizes: list[int] = []
+        # Per shard: the call's indices, records and sizes of the records routed there, built
+        # as the records are routed (appends, no regrouping pass afterwards).
+        by_shard: list[tuple[list[int], list[Record], list[int]]] = [
+            ([], [], []) for _ in range(count)
+        ]
         keyless = -1
+        total = 0
         for index, record in enumerate(records):
             key = record.key
             if record.headers:
                 size = record.size_bytes()
             else:
                 value = record.value
-                size = (len(key) if key else 0) + (len(value) if value else 0)
+                size = (0 if key is None else len(key)) + (0 if value is None else len(value))
             if size > record_bytes_max:
                 raise RecordTooLarge(
                     f"record of {size} bytes exceeds record_bytes_max={record_bytes_max}; "
                     "nothing of this batch was queued"
                 )
-            sizes.append(size + RECORD_OVERHEAD_BYTES)
+            size += RECORD_OVERHEAD_BYTES
+            total += size
             if key is None:
                 if keyless < 0:
                     keyless = self._sticky_of(topic, count)
-                by_shard[keyless].append(index)
+                indices, routed, sizes = by_shard[keyless]
             elif ranges is None:
-                by_shard[(key_hash(key) * count) >> KEYSPACE_BITS].append(index)
+                indices, routed, sizes = by_shard[(key_hash(key) * count) >> KEYSPACE_BITS]
             else:
-                by_shard[shard_of_key_in(key, ranges)].append(index)
-        total = sum(sizes)
+                indices, routed, sizes = by_shard[shard_of_key_in(key, ranges)]
+            indices.append(index)
+            routed.append(record)
+            sizes.append(size)
         if total > self.options.buffer_bytes_max:
             raise InvalidRequest(
                 f"a batch of {total} bytes cannot fit buffer_bytes_max="
@@ -463,17 +478,9 @@ class XinfraProducer:
         else:
             self._buffered_bytes += total
         call = _BatchCall(future, len(records))
-        for shard, indices in enumerate(by_shard):
-            if len(indices) == len(records):  # one shard takes the whole call: no regrouping
-                self._enqueue_many(topic, shard, list(records), _Chunk(call, indices), sizes)
-            elif indices:
-                self._enqueue_many(
-                    topic,
-                    shard,
-                    list(map(records.__getitem__, indices)),
-                    _Chunk(call, indices),
-                    list(map(sizes.__getitem__, indices)),
-                )
+        for shard, (indices, routed, sizes) in enumerate(by_shard):
+            if indices:
+                self._enqueue_many(topic, shard, routed, _Chunk(call, indices), sizes)
         return future
 
     def _enqueue_many(
@@ -889,12 +896,18 @@ class XinfraProducer:
         """Resolve the records of a batch to their positions ``offsets`` in epoch ``number``."""
         assert len(offsets) == len(sinks), "one offset per record"
         start = 0
-        for sink, run in itertools.groupby(sinks):  # a send_batch call's records are a run
-            end = start + len(list(run))
-            if type(sink) is _Chunk:
+        count = len(sinks)
+        while start < count:
+            sink = sinks[start]
+            if isinstance(sink, _Chunk):
+                # A send_batch call's records are one run of the queue (enqueued together, taken
+                # in order): its end found by bisection, not by a step per record.
+                end = bisect.bisect_left(sinks, True, start + 1, count, key=partial(is_not, sink))
                 sink.resolve(number, shard, offsets[start:end])
-            elif not sink.done():  # type: ignore[union-attr]
-                sink.set_result(Position(number, shard, offsets[start]))  # type: ignore[union-attr]
+            else:  # a send() record: a future of its own
+                if not sink.done():
+                    sink.set_result(Position(number, shard, offsets[start]))
+                end = start + 1
             start = end
 
     def _issue(

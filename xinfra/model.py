@@ -3,7 +3,7 @@
 Metadata objects are pydantic models (validated at every boundary, serialised
 to the REST API).  ``Record``, ``ConsumedRecord`` and ``Position`` sit on the
 data path, where a pydantic model per record would cost more than the I/O:
-``Record`` is a slotted frozen dataclass, and the two made once per record on
+``Record`` is a slotted (not frozen) dataclass, and the two made once per record on
 the hot paths, ``ConsumedRecord`` and ``Position``, are named tuples (built in
 C with ``tuple.__new__``, several times faster than a frozen dataclass).
 
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import add
-from typing import Annotated, Any, Final, NamedTuple, TypeVar
+from typing import Annotated, Any, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator
 
@@ -138,15 +138,18 @@ class TopicMetadata(_Model):
 Header = tuple[str, bytes]
 
 
-@dataclass(frozen=True, slots=True, init=False)
+@dataclass(slots=True, unsafe_hash=True)
 class Record:
     """What a producer writes: key, value and headers are opaque bytes.
 
-    Built once per record by every application, so its ``__init__`` is
-    written by hand: it stores through the slots' own descriptors, where the
-    generated frozen ``__init__`` goes through ``object.__setattr__`` per
-    field (measured: 0.55 against 0.9 us per record).  Still frozen, equal,
-    hashable, and ``dataclasses.replace`` works as before.
+    Built once per record by every application, so it is a plain slotted
+    dataclass, not a frozen one: a frozen ``__init__`` must store each field
+    through ``object.__setattr__`` or the slot's descriptor (a call per field),
+    where a plain one stores it with a specialised bytecode.  Measured with
+    callgrind, ``Record(value=v)``: 5.9k instructions frozen, 3.5k plain.
+    A record is not to be modified once sent (a producer may still hold it
+    for a retry); equal and hashable by value, and ``dataclasses.replace``
+    makes changed copies.
     """
 
     value: bytes | None
@@ -154,30 +157,12 @@ class Record:
     headers: tuple[Header, ...] = ()
     timestamp_ms: int | None = None  # None: the producer stamps the send time
 
-    def __init__(
-        self,
-        value: bytes | None,
-        key: bytes | None = None,
-        headers: tuple[Header, ...] = (),
-        timestamp_ms: int | None = None,
-    ) -> None:
-        _set_value(self, value)
-        _set_key(self, key)
-        _set_headers(self, headers)
-        _set_timestamp_ms(self, timestamp_ms)
-
     def size_bytes(self) -> int:
         """Payload size used for batching limits and RecordTooLarge checks."""
         size = len(self.key or b"") + len(self.value or b"")
         for name, value in self.headers:
             size += len(name) + len(value)
         return size
-
-
-_set_value: Final = vars(Record)["value"].__set__
-_set_key: Final = vars(Record)["key"].__set__
-_set_headers: Final = vars(Record)["headers"].__set__
-_set_timestamp_ms: Final = vars(Record)["timestamp_ms"].__set__
 
 
 class ConsumedRecord(NamedTuple):

@@ -104,6 +104,43 @@ async def test_records_read_back_are_ordinary_consumed_records(
         got[0].offset = 9  # type: ignore[misc]
 
 
+async def test_one_send_mixing_plain_keyed_and_stamped_records_keeps_every_field(
+    kafka_backend: KafkaBackend, topic_name: str
+) -> None:
+    """``send`` sizes a batch in one pass and takes the plain path only when no record of it
+    carries headers or a timestamp: a stamped or headed record anywhere keeps its fields."""
+    await kafka_backend.create_topic(topic_name, shard_ranges(1))
+    producer = kafka_backend.producer(topic_name)
+    before_ms = int(time.time() * 1000)
+    records = [
+        Record(value=b"plain"),
+        Record(value=None, key=b"key-only"),
+        Record(value=b"headed", headers=(("h", b"1"), ("h", b"2"))),
+        Record(value=b"stamped", key=b"k", timestamp_ms=7),
+        Record(value=b""),
+    ]
+    assert await producer.send(0, records) == [0, 1, 2, 3, 4]
+    await producer.close()
+    reader = kafka_backend.reader(topic_name)
+    reader.assign({0: 0})
+    got: list[ConsumedRecord] = []
+    deadline = time.monotonic() + WAIT_S
+    while len(got) < len(records):
+        assert time.monotonic() < deadline
+        got += await reader.poll(timeout_s=0.5)
+    await reader.close()
+    fields = [(r.key, r.value or None, r.headers) for r in got]
+    assert fields == [
+        (None, b"plain", ()),
+        (b"key-only", None, ()),
+        (None, b"headed", (("h", b"1"), ("h", b"2"))),
+        (b"k", b"stamped", ()),
+        (None, None, ()),
+    ]
+    assert got[3].timestamp_ms == 7
+    assert all(r.timestamp_ms >= before_ms for i, r in enumerate(got) if i != 3)
+
+
 async def test_assign_during_a_poll_never_returns_old_shards(
     kafka_backend: KafkaBackend, topic_name: str
 ) -> None:
