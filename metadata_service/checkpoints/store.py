@@ -17,6 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from metadata_service.store.repository import open_pool
 from metadata_service.store.tables import checkpoints as table
 
 _COLUMNS = ("virtual_cluster", "group_name", "topic", "epoch", "shard", "position", "updated_ms")
@@ -65,21 +66,10 @@ class CheckpointStore:
             )
 
     def open_pool(self) -> int:
-        """Open the upserts' connections now (a new PyMySQL connection holds the GIL ~27 ms:
-        see ``MetadataStore.open_pool``); the count opened.  Not an error when MySQL does
-        not answer yet: they open on demand."""
+        """Open the upserts' connections now (see ``repository.open_pool``); the count opened."""
         if self.flush_engine is self.engine:
             return 0
-        opened: list[sa.Connection] = []
-        try:
-            for _ in range(self.flush_engine.pool.size()):  # type: ignore[attr-defined]
-                opened.append(self.flush_engine.connect())
-        except sa.exc.SQLAlchemyError:
-            pass
-        finally:
-            for connection in opened:
-                connection.close()
-        return len(opened)
+        return open_pool(self.flush_engine, self.flush_engine.pool.size())  # type: ignore[attr-defined]
 
     def close(self) -> None:
         if self.flush_engine is not self.engine:

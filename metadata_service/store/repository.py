@@ -358,21 +358,8 @@ class MetadataStore:
         self.engine.dispose()
 
     def open_pool(self, connections: int) -> int:
-        """Open up to ``connections`` pooled connections now, and return them to the pool: the
-        count opened.  A new PyMySQL connection builds a TLS context (~27 ms holding the GIL),
-        so a pool that grew under load stalled every request of the instance once per new
-        connection.  A database that does not answer yet is not an error here (the lifespan
-        and ``/ready`` report it): fewer are opened, and the rest open on demand."""
-        opened: list[Connection] = []
-        try:
-            for _ in range(connections):
-                opened.append(self.engine.connect())
-        except sa.exc.SQLAlchemyError:
-            pass
-        finally:
-            for connection in opened:
-                connection.close()
-        return len(opened)
+        """Open up to ``connections`` of the pool now (``open_pool``); the count opened."""
+        return open_pool(self.engine, connections)
 
     # ---- physical clusters -------------------------------------------------------------
 
@@ -1181,3 +1168,21 @@ class MetadataStore:
                 )
             )
         return version
+
+
+def open_pool(engine: Engine, connections: int) -> int:
+    """Open up to ``connections`` pooled connections now, and return them to the pool: the
+    count opened.  A new PyMySQL connection builds a TLS context (~27 ms holding the GIL),
+    so a pool that grew under load stalled every request of the instance once per new
+    connection.  A database that does not answer yet is not an error here (the lifespan
+    and ``/ready`` report it): fewer are opened, and the rest open on demand."""
+    opened: list[Connection] = []
+    try:
+        for _ in range(connections):
+            opened.append(engine.connect())
+    except sa.exc.SQLAlchemyError:
+        pass
+    finally:
+        for connection in opened:
+            connection.close()
+    return len(opened)
