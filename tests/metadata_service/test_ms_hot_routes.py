@@ -440,12 +440,54 @@ def commit_on_each(
     return [read_response(sock) for sock in socks]
 
 
+@contextmanager
+def held_flight(
+    service: Any, topic: str, token: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """A commit of its own group whose flush is held in MySQL's upsert until the block ends
+    (then answered 204): while it is out, later commits gather into one batch."""
+    store = service.app.state.groups.checkpoints.store
+    buffer = service.app.state.groups.checkpoints.buffer
+    upsert, gate = store.upsert, threading.Event()
+
+    def held(rows: Any) -> None:
+        gate.wait(60)
+        upsert(rows)
+
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    with service.connect() as sock:
+        [claim] = commit_on_each(
+            [sock], [f"/v1/vclusters/{VC}/groups/{group}/commit"], token, topic
+        )
+        assert claim.status == 204  # the app's route claims the group: the next one is hot
+        monkeypatch.setattr(store, "upsert", held)
+        body = commit_body(topic, 0)
+        sock.sendall(
+            (
+                f"POST /v1/vclusters/{VC}/groups/{group}/commit HTTP/1.1\r\nHost: x\r\n"
+                f"Authorization: Bearer {token}\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            + body
+        )
+        deadline = time.monotonic() + 30
+        while buffer.in_flight != 1:
+            assert time.monotonic() < deadline, "the held commit never flew"
+            time.sleep(0.001)  # polls the condition; the held flight is the synchronisation
+        monkeypatch.setattr(store, "upsert", upsert)  # later flights write at once
+        try:
+            yield
+        finally:
+            gate.set()
+        assert read_response(sock).status == 204
+
+
 def test_the_commits_of_one_flush_are_answered_together_each_with_its_own_outcome(
     make_config: Callable[..., ServiceConfig], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Three commits fill the buffer (3 keys, no timer flush in the test's time): one flush
-    holds them, and its end answers all three, 204 when durable, and each its own
-    problem+json (its own path as ``instance``) when the flush failed."""
+    """Three commits fill the buffer (3 keys, no timer flush in the test's time) behind a
+    flight held out (an idle buffer flies the first commit at once): one flush holds them, and
+    its end answers all three, 204 when durable, and each its own problem+json (its own path as
+    ``instance``) when the flush failed."""
     config = make_config(checkpoint_flush_s=300.0, checkpoint_buffer_keys_max=3)
     with serving(config) as (service, topic, token):
         groups = [f"g-{uuid.uuid4().hex[:6]}" for _ in range(3)]
@@ -455,10 +497,11 @@ def test_the_commits_of_one_flush_are_answered_together_each_with_its_own_outcom
         try:
             claims = commit_on_each(socks, paths, token, topic)  # the app's route claims them
             assert [c.status for c in claims] == [204] * 3
-            seen, flushes = len(service.counting.requests), buffer.flushes
-            answers = commit_on_each(socks, paths, token, topic)
-            assert [a.status for a in answers] == [204] * 3
-            assert buffer.flushes == flushes + 1, "the three commits were not one flush"
+            with held_flight(service, topic, token, monkeypatch):
+                seen, flushes = len(service.counting.requests), buffer.flushes
+                answers = commit_on_each(socks, paths, token, topic)
+                assert [a.status for a in answers] == [204] * 3
+                assert buffer.flushes == flushes + 1, "the three commits were not one flush"
             assert len(service.counting.requests) == seen, "a commit reached the app"
 
             def down(_rows: Any) -> None:
