@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ng_harness import backend_for, mounted_tmpfs
 
 from backends.northguard.backend import NorthguardBackend
-from backends.northguard.launcher import NorthguardProcess, start_northguard_broker
+from backends.northguard.launcher import (
+    NorthguardProcess,
+    start_northguard_broker,
+    start_northguard_cluster,
+)
 
 
 @pytest.fixture(scope="session")
@@ -39,6 +44,23 @@ def private_broker(tmp_path: Path) -> Iterator[NorthguardProcess]:
     process = start_northguard_broker(tmp_path / "data")
     yield process
     process.stop()
+
+
+@pytest.fixture
+def clusters(tmp_path: Path) -> Iterator[Callable[..., list[NorthguardProcess]]]:
+    """Start clusters of this test (``start_northguard_cluster`` arguments); all stopped after."""
+    started: list[NorthguardProcess] = []
+
+    def start(count: int, **arguments: Any) -> list[NorthguardProcess]:
+        processes = start_northguard_cluster(
+            tmp_path / f"cluster-{len(started)}", count, **arguments
+        )
+        started.extend(processes)
+        return processes
+
+    yield start
+    for process in reversed(started):
+        process.stop()
 
 
 @pytest.fixture

@@ -75,23 +75,6 @@ def three_brokers(tmp_path: Path) -> Iterator[list[NorthguardProcess]]:
 
 
 @pytest.fixture
-def clusters(tmp_path: Path) -> Iterator[Callable[..., list[NorthguardProcess]]]:
-    """Start clusters of this test (``start_northguard_cluster`` arguments); all stopped after."""
-    started: list[NorthguardProcess] = []
-
-    def start(count: int, **arguments: Any) -> list[NorthguardProcess]:
-        processes = start_northguard_cluster(
-            tmp_path / f"cluster-{len(started)}", count, **arguments
-        )
-        started.extend(processes)
-        return processes
-
-    yield start
-    for process in reversed(started):
-        process.stop()
-
-
-@pytest.fixture
 def four_brokers(tmp_path: Path) -> Iterator[list[NorthguardProcess]]:
     processes = start_northguard_cluster(
         tmp_path, 4, replication_factor=3, extra_args=REPLICA_TIMEOUT_ARGS

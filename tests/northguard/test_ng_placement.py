@@ -6,7 +6,7 @@ broker that joins a loaded cluster takes new replicas at once, its share of
 the new follower replicas ends within 20% of the average, and the byte skew
 among the followers (max/mean) is reported before and after; nothing moves.
 This is the placement logic only; the process-level striping test of issue 15
-is not built yet.
+is ``test_ng_striping.py``.
 """
 
 from __future__ import annotations
