@@ -16,7 +16,6 @@ from ng_harness import backend_for
 from test_ng_cluster import checksums, request, wait_until
 from test_ng_leadership import broker_id
 
-from backends.northguard.broker.coordinator import LOAD_REFRESH_S
 from backends.northguard.launcher import NorthguardProcess, start_northguard_broker
 from xinfra.backend import ProducerOptions
 from xinfra.keyspace import shard_ranges
@@ -56,11 +55,9 @@ def _held(process: NorthguardProcess) -> set[str]:
 
 
 def _bytes_per_broker(coordinator: NorthguardProcess, since_s: float) -> dict[str, int]:
-    """Store bytes per live broker as the coordinator reports them (its placement load), once
-    they cover what was written before ``since_s`` (monotonic): every member has heartbeaten
-    (each heartbeat carries its store's size) after it, and the coordinator's load, cached for
-    ``LOAD_REFRESH_S``, has been counted again since (a time-based contract: nothing to wait on
-    but its age)."""
+    """Store bytes per live broker as the coordinator reports them, once they cover what was
+    written before ``since_s`` (monotonic): every member has heartbeaten (each heartbeat
+    carries its store's size) after it; ``cluster_status`` counts the load afresh."""
 
     def status() -> dict[str, Any]:
         return request(coordinator, "cluster_status")
@@ -70,8 +67,6 @@ def _bytes_per_broker(coordinator: NorthguardProcess, since_s: float) -> dict[st
         return all(row["last_seen_s_ago"] < elapsed_s for row in status()["brokers"] if row["live"])
 
     wait_until(heard, "a heartbeat of every member after the writes")
-    heard_s = time.monotonic()
-    wait_until(lambda: time.monotonic() > heard_s + LOAD_REFRESH_S, "the load cache's age")
     return {row["broker_id"]: row["store_bytes"] for row in status()["brokers"] if row["live"]}
 
 

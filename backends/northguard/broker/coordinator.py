@@ -1286,7 +1286,9 @@ class Coordinator:
 
     def cluster_status(self) -> dict[str, Any]:
         """Brokers (attributes, liveness, load) and segments with their replica sets; a sealed
-        segment with fewer replicas than its policy asks for is under-replicated."""
+        segment with fewer replicas than its policy asks for is under-replicated.  The load is
+        counted afresh (an operator's rare request; placement's own may be a second old)."""
+        self._load_cache = None
         load = self._load()
         brokers = self.membership.describe()
         for row in brokers:
