@@ -144,9 +144,21 @@ class Stack:
     def wait_for(self, text: str, timeout_s: float = 120) -> str:
         deadline = time.monotonic() + timeout_s
         while True:
-            line = self.next_line(max(deadline - time.monotonic(), 0.01))
+            try:
+                line = self.next_line(max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                raise AssertionError(self.story(f"no {text!r} within {timeout_s} s")) from None
             if text in line:
                 return line
+
+    def story(self, what: str) -> str:
+        """``what``, then what `xinfra up` printed and the end of every component's log: a
+        stack that never got ready says why in the failure itself."""
+        parts = [what, "`xinfra up` printed:", *self.seen[-40:]]
+        for log in sorted((self.run_dir / "logs").glob("*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-15:]
+            parts += [f"-- {log.name}:", *tail]
+        return "\n".join(parts)
 
     def wait_ready(self) -> dict:  # type: ignore[type-arg]
         line = self.wait_for('"event": "ready"')
