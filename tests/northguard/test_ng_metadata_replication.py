@@ -21,8 +21,12 @@ import pytest
 from ng_harness import backend_for, broker_metrics, read_until
 from test_ng_cluster import REPLICA_TIMEOUT_ARGS, request, wait_until
 
+from backends.northguard.broker.metadata_replication import MetadataCopy
+from backends.northguard.broker.placement import BrokerInfo
 from backends.northguard.launcher import NorthguardProcess, start_northguard_cluster
+from backends.northguard.runtime import RealRuntime
 from xinfra.backend import ProducerOptions
+from xinfra.errors import Conflict
 from xinfra.keyspace import shard_ranges
 from xinfra.model import Record
 
@@ -172,3 +176,43 @@ async def test_factor_one_keeps_metadata_on_the_coordinator_only(clusters: Any) 
         "replaced": 0,
     }
     assert request(processes[1], "meta_fetch")["state"] is None
+
+
+def _create_op(seq: int, name: str) -> dict[str, Any]:
+    return {
+        "op": "create_topic",
+        "seq": seq,
+        "name": name,
+        "ranges": [["0", str(1 << 64)]],
+        "policy": "default",
+        "config": {},
+        "created_ms": 1,
+    }
+
+
+async def test_a_member_copy_refuses_a_gap_and_survives_its_restart(tmp_path: Path) -> None:
+    """In process, on a real disk: ops must follow the copy's last one (a copy that missed
+    some is replaced by an install, never patched); an install replaces everything; what
+    was answered is on disk after a reopen."""
+
+    me = BrokerInfo("2", {"rack": "a"})
+    copy = MetadataCopy(RealRuntime(), tmp_path / "meta-copy", me)
+    assert (await copy.handle("meta_fetch", {}))["state"] is None
+    await copy.handle("meta_append", {"ops": [_create_op(1, "one")]})
+    with pytest.raises(Conflict):
+        await copy.handle("meta_append", {"ops": [_create_op(3, "three")]})
+    fetched = await copy.handle("meta_fetch", {})
+    assert fetched["broker_id"] == "2" and fetched["attributes"] == {"rack": "a"}
+    state = fetched["state"]
+    assert state["applied_seq"] == 1 and [t["name"] for t in state["topics"]] == ["one"]
+
+    other = MetadataCopy(RealRuntime(), tmp_path / "other", me)
+    await other.handle("meta_append", {"ops": [_create_op(1, "x"), _create_op(2, "y")]})
+    installed = (await other.handle("meta_fetch", {}))["state"]
+    await copy.handle("meta_install", {"state": installed})
+    await copy.handle("meta_append", {"ops": [_create_op(3, "z")]})
+
+    reopened = MetadataCopy(RealRuntime(), tmp_path / "meta-copy", me)
+    state = (await reopened.handle("meta_fetch", {}))["state"]
+    assert state["applied_seq"] == 3
+    assert sorted(t["name"] for t in state["topics"]) == ["x", "y", "z"]

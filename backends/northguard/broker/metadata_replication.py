@@ -94,6 +94,7 @@ class MetadataReplicas:
                 log.info("broker %s holds a copy of the metadata", broker.broker_id)
                 self.holders.append(broker.broker_id)
             else:
+                log.warning("broker %s cannot take a metadata copy: %s", broker.broker_id, error)
                 self._membership.suspect(broker.broker_id)
 
     async def _append(self, broker_id: str, ops: list[dict[str, Any]]) -> Exception | None:
