@@ -14,8 +14,8 @@ commit rule as data.  The journal's ops ride the peer connections
   copy with the coordinator's whole state at its last applied op (a snapshot;
   the tail follows as ``meta_append``).
 
-A replica that fails an append is dropped and replaced by another live member
-(the least recently failed first), which gets a snapshot plus the batch; with
+A replica that fails an append is dropped (and suspected) and replaced by another
+live, unsuspected member, which gets a snapshot plus the batch; with
 no member left to take one the op is decided on fewer copies and
 ``cluster_status`` shows the shortfall (as a data segment sealed on its
 survivors).  Factor 1 (the default) sends nothing: today's cost.
