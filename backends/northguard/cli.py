@@ -103,6 +103,16 @@ def broker(
         help="Replicas of every new segment under the default storage policy (topics may set "
         "replication.factor).",
     ),
+    metadata_replication_factor: int = typer.Option(
+        1,
+        help="Copies of the coordinator's metadata journal: its own and N-1 live members'; an "
+        "op is acknowledged once every copy has fsynced it (1: the coordinator's disk only).",
+    ),
+    recover_metadata_from: str = typer.Option(
+        "",
+        help="Comma-separated member addresses: a coordinator whose journal is empty (a lost "
+        "disk) rebuilds it from the most complete member copy among them.",
+    ),
     replica_timeout_s: float = typer.Option(
         5.0, help="A follower that does not acknowledge a replicated append in this time fails."
     ),
@@ -171,6 +181,8 @@ def broker(
         cluster=cluster,
         advertised_address=advertised_address or None,
         replication_factor=replication_factor,
+        metadata_replication_factor=metadata_replication_factor,
+        recover_metadata_from=tuple(a for a in recover_metadata_from.split(",") if a),
         replica_timeout_s=replica_timeout_s,
         heartbeat_s=heartbeat_s,
         broker_timeout_s=broker_timeout_s,
@@ -238,6 +250,13 @@ def status(
             f"  {segment['segment_id']:<14} {segment['topic']} range {segment['range_id']} "
             f"{segment['state']:<6} [{segment['start_offset']}, {segment['end_offset']}) "
             f"replicas={','.join(segment['replicas'])}"
+        )
+    metadata = result.get("metadata")
+    if metadata is not None:
+        typer.echo(
+            f"metadata: replication factor {metadata['replication_factor']}, copies on "
+            f"{','.join(metadata['replicas'])} (short {metadata['under_replicated']}, "
+            f"replaced {metadata['replaced']})"
         )
     under = result["under_replicated"]
     typer.echo(

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -90,6 +91,11 @@ from backends.northguard.broker.leadership import (
     read_remote,
 )
 from backends.northguard.broker.membership import BROKER_TIMEOUT_S, Membership
+from backends.northguard.broker.metadata_replication import (
+    MetadataCopy,
+    MetadataReplicas,
+    recover,
+)
 from backends.northguard.broker.peers import PeerPool
 from backends.northguard.broker.placement import (
     DEFAULT_POLICY,
@@ -172,6 +178,10 @@ class CoordinatorConfig:
     """A member broker: no metadata of its own, requests forwarded to the coordinator."""
     cluster: bool = False
     """Part of a multi-broker cluster: topic metadata names the leader's address."""
+    metadata_replication_factor: int = 1
+    """Copies of the metadata journal: this broker's and N - 1 live members' (1: only here)."""
+    recover_metadata_from: list[str] = field(default_factory=list)
+    """Members' addresses to rebuild an empty journal from (``metadata_replication.recover``)."""
 
 
 class Coordinator:
@@ -208,6 +218,11 @@ class Coordinator:
         self._maintenance: asyncio.Task[None] | None = None
         self._me = BrokerInfo(config.broker_id, config.attributes)
         self.membership = Membership(runtime, self._me, "", config.broker_timeout_s)
+        self.metadata_replicas = MetadataReplicas(
+            config.metadata_replication_factor, self.membership
+        )
+        self.metadata_copy: MetadataCopy | None = None  # a member's copy of the journal
+        self.metadata_recovered = False  # this start rebuilt the journal from a member's copy
         self.peers: PeerPool | None = None  # set by the broker in a cluster
         self.replicas = ReplicaHost(store)
         self.forward: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]] | None = None
@@ -237,6 +252,15 @@ class Coordinator:
         """Load the journal, recover the store against it, build range logs, start maintenance."""
         snapshot, ops = await self._runtime.run_blocking(self._journal.load)
         self.state = MetadataState.from_json(snapshot) if snapshot else MetadataState()
+        if not snapshot and not ops and self.config.recover_metadata_from:
+            assert self.peers is not None, "recovery needs the peer connections"
+            recovered = await recover(
+                self.peers, self.config.recover_metadata_from, self._journal, self.membership
+            )
+            if recovered is None:
+                log.error("metadata recovery: no member holds a copy; starting empty")
+            else:
+                self.state, self.metadata_recovered = recovered, True
         self.snapshot_bytes = self._journal.snapshot_bytes
         for op in ops:
             self.state.apply(op)
@@ -291,6 +315,8 @@ class Coordinator:
             try:
                 info = self._store.segment(segment.segment_id)
             except NotFound:
+                if self.metadata_recovered and len(segment.replicas) > 1:
+                    continue  # this disk was lost: the fence seals it on the other replicas
                 log.error(
                     "segment %s is missing from the store; sealing it empty", segment.segment_id
                 )
@@ -421,6 +447,9 @@ class Coordinator:
         address_of = (
             leadership.addresses.get if leadership is not None else self.membership.address_of
         )
+        if self.metadata_recovered:  # replicas this broker lost with its disk: ask the others
+            others = [b for b in segment.replicas if b != self._me.broker_id]
+            segment = dataclasses.replace(segment, replicas=others)
         return await read_remote(
             peers, address_of, segment, topic, offset, bytes_max, self.config.replica_timeout_s
         )
@@ -503,6 +532,10 @@ class Coordinator:
                             StorageError(f"metadata journal: {error}; {pending.op['op']} not made")
                         )
                     continue
+                if self.metadata_replicas.factor > 1:  # before applying: state is the base
+                    await to_completion(
+                        self.metadata_replicas.replicate([p.op for p in accepted], self.state)
+                    )
                 self.journal_writes += 1
                 self.journal_ops += len(accepted)
                 for pending in accepted:
@@ -831,6 +864,11 @@ class Coordinator:
                 return None
             if broker_id == me:
                 if leader == me:
+                    if self.metadata_recovered:
+                        try:
+                            self._store.segment(segment_id)
+                        except NotFound:  # this disk was lost (metadata recovered from a copy)
+                            return None
                     return range_log.durable_end(), committed
                 try:
                     return await self.replicas.fence(segment_id), 0
@@ -1327,6 +1365,7 @@ class Coordinator:
             "segments_total": len(self.state.segments),
             "under_replicated": under[:STATUS_SEGMENTS_MAX],
             "under_replicated_total": len(under),
+            "metadata": self.metadata_replicas.describe(),
         }
 
     # -- maintenance: age limits and retention -----------------------------------------------------
@@ -1357,7 +1396,9 @@ class Coordinator:
             try:
                 if range_log.needs_fence:  # only the segment the restart found (a roll a
                     # leader asked for meanwhile may have sealed it and opened the next)
-                    await range_log.roll_segment(range_log.active, open_new=False)
+                    # After a lost disk the next segment opens now: the survivors of one
+                    # this broker led never led the range, so none could take appends.
+                    await range_log.roll_segment(range_log.active, open_new=self.metadata_recovered)
             except XinfraError as error:
                 log.warning("range %s: fencing after the restart failed: %s", range_id, error)
                 continue
@@ -1509,6 +1550,10 @@ class Coordinator:
             self._fencing = self._spawn(self._fence_restarted())
         self.heal()
         self._check_leaders()
+        copies = self.metadata_replicas
+        if copies.factor > 1 and len(copies.holders) < copies.factor - 1:
+            async with self._commit_lock:  # the state at its last decided op, nothing in flight
+                await copies.replicate([], self.state)
         now_s = self._runtime.monotonic_s()
         if (
             self.peers is not None

@@ -120,11 +120,25 @@ class FileJournal:
             self._file = await self._runtime.run_blocking(self._install_sync, file, upto_seq)
             self._size = self._file.size()
 
-    def _install_sync(self, log_file: File, upto_seq: int) -> File:
+    async def replace(self, state: dict[str, Any]) -> None:
+        """Make ``state`` the whole journal: its snapshot and no ops after it (a metadata copy
+        installed from the coordinator, or a coordinator recovered from such a copy)."""
+        if self._file is None:
+            await self._runtime.run_blocking(self.load)
+        await self._runtime.run_blocking(self.write_snapshot_file, state)
+        async with self._lock:
+            file = self._file
+            assert file is not None
+            self._file = await self._runtime.run_blocking(
+                self._install_sync, file, int(state["applied_seq"]), True
+            )
+            self._size = self._file.size()
+
+    def _install_sync(self, log_file: File, upto_seq: int, drop_all: bool = False) -> File:
         disk = self._disk
         disk.rename(self._dir / "snapshot.tmp", self._snapshot_path)
         ops, _good = _parse(log_file.pread(self._size, 0))
-        later = [op for op in ops if int(op["seq"]) > upto_seq]
+        later = [] if drop_all else [op for op in ops if int(op["seq"]) > upto_seq]
         temporary = self._dir / "journal.log.tmp"
         disk.remove(temporary)
         new = disk.open(temporary)

@@ -218,6 +218,16 @@ class _CoordinatorCollector(Collector):
             "Replicas added by re-replication (copied over the consume protocol, checksum checked)",
             c.healed,
         )
+        yield GaugeMetricFamily(
+            "northguard_metadata_replicas",
+            "Copies of the metadata journal that every op waits for (the coordinator's included)",
+            1 + len(c.metadata_replicas.holders),
+        )
+        yield CounterMetricFamily(
+            "northguard_metadata_replicas_replaced",
+            "Metadata replicas dropped after a failed append and replaced under the policy",
+            c.metadata_replicas.replaced,
+        )
         yield CounterMetricFamily(
             "northguard_orphan_segments_deleted",
             "Segments deleted on members that held them without being their replica",

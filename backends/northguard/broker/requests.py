@@ -19,6 +19,7 @@ from typing import Any
 
 from backends.northguard.broker.coordinator import Coordinator
 from backends.northguard.broker.fields import int_field, list_field, str_field
+from backends.northguard.broker.metadata_replication import METADATA_OPS
 from backends.northguard.broker.placement import REPLICAS_MAX
 from backends.northguard.broker.rereplication import copy_segment
 from backends.northguard.credentials import ADMIN, READ
@@ -40,7 +41,7 @@ REPLICA_OPS = frozenset(
 """How brokers act on the replicas they hold."""
 LEADER_OPS = frozenset({"lead_segment", "range_ends"})
 """How the coordinator hands a segment to its leader (a member) and asks it for range ends."""
-LOCAL_OPS = frozenset({"ping", *REPLICA_OPS, *LEADER_OPS})
+LOCAL_OPS = frozenset({"ping", *REPLICA_OPS, *LEADER_OPS, *METADATA_OPS})
 """Ops a member answers itself; it forwards every other one to the coordinator."""
 REPLICA_LIST_MAX = 10_000
 """Segment ids per ``replica_list`` answer (under the 1 MiB control message bound)."""
@@ -52,6 +53,7 @@ BROKER_OPS = frozenset(
         "roll_segment",
         *REPLICA_OPS,
         *LEADER_OPS,
+        *METADATA_OPS,
     }
 )
 """Ops about the whole cluster: an admin credential for every topic (a broker's own) only."""
@@ -110,6 +112,10 @@ async def _dispatch(coordinator: Coordinator, op: str, request: dict[str, Any]) 
         return {"policies": coordinator.list_policies()}
     if op == "validate_policy":
         return coordinator.validate_policy(request.get("policy"))
+    if op in METADATA_OPS:
+        if coordinator.metadata_copy is None:
+            raise InvalidRequest("only a member broker holds a copy of the metadata")
+        return await coordinator.metadata_copy.handle(op, request)
     if op == "register_broker":
         attributes = request.get("attributes") or {}
         if not isinstance(attributes, dict) or not all(

@@ -42,8 +42,10 @@ from backends.northguard.broker.http import HealthServer
 from backends.northguard.broker.journal import FileJournal
 from backends.northguard.broker.leadership import Leadership
 from backends.northguard.broker.membership import BROKER_TIMEOUT_S, HEARTBEAT_S, heartbeat_forever
+from backends.northguard.broker.metadata_replication import MetadataCopy
 from backends.northguard.broker.metrics import BrokerMetrics
 from backends.northguard.broker.peers import PeerPool
+from backends.northguard.broker.placement import BrokerInfo
 from backends.northguard.broker.replication import REPLICA_TIMEOUT_S
 from backends.northguard.broker.store_keeper import StoreKeeper
 from backends.northguard.credentials import SECRET_ENV
@@ -88,6 +90,8 @@ class BrokerConfig:
     replica_timeout_s: float = REPLICA_TIMEOUT_S
     orphan_scan_s: float = 30.0  # how often members' stores are checked for orphan segments
     peer_tls_ca: Path | None = None  # CA of the peers' certificates (TLS ports); None: system's
+    metadata_replication_factor: int = 1  # copies of the coordinator's journal (1: its own only)
+    recover_metadata_from: tuple[str, ...] = ()  # members to rebuild an empty journal from
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -102,6 +106,12 @@ class BrokerConfig:
             raise ValueError("replication_factor is in 1..16")
         if self.coordinator is not None:
             self.cluster = True
+        if not 1 <= self.metadata_replication_factor <= 16:
+            raise ValueError("metadata_replication_factor is in 1..16")
+        if self.recover_metadata_from and not self.cluster:
+            raise ValueError(
+                "recover_metadata_from is for the coordinator of a cluster (--cluster)"
+            )
         if min(self.heartbeat_s, self.broker_timeout_s, self.replica_timeout_s) <= 0:
             raise ValueError("heartbeat_s, broker_timeout_s and replica_timeout_s are positive")
         if self.orphan_scan_s <= 0:
@@ -138,6 +148,8 @@ class Broker:
                 orphan_scan_s=config.orphan_scan_s,
                 member=config.coordinator is not None,
                 cluster=config.cluster,
+                metadata_replication_factor=config.metadata_replication_factor,
+                recover_metadata_from=list(config.recover_metadata_from),
             ),
         )
         self.peers: PeerPool | None = None
@@ -154,6 +166,13 @@ class Broker:
                 self.runtime, config.broker_id, config.secret, config.replica_timeout_s, peer_tls
             )
             self.coordinator.peers = self.peers
+            self.coordinator.metadata_replicas.peers = self.peers
+            if config.coordinator is not None:
+                self.coordinator.metadata_copy = MetadataCopy(
+                    self.runtime,
+                    config.data_dir / "meta-copy",
+                    BrokerInfo(config.broker_id, dict(config.attributes)),
+                )
         self._heartbeat_task: asyncio.Task[None] | None = None
         self.metrics.watch_coordinator(self.coordinator)
         self._keeper = StoreKeeper(self.runtime, self.store, self.metrics.registry)
