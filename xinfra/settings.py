@@ -51,7 +51,8 @@ class Settings(BaseSettings):
     northguard_http_ports: str = "9471,9473,9475"
     """Health and metrics ports (``/health``, ``/metrics``) of those brokers, in the same order."""
     northguard_replication_factor: int = 3
-    """Replicas of every new segment in the local Northguard cluster (at most its broker count)."""
+    """Replicas of every new segment in the local Northguard cluster (at most its broker count),
+    and copies of its coordinator's metadata journal."""
 
     # Northguard broker defaults (DESIGN.md §3; each bound named with its unit).
     segment_bytes_max: int = 1 << 30

@@ -278,17 +278,23 @@ class LocalStack:
         address) is the coordinator (``--cluster``), the others join it (``--coordinator``);
         broker ``i`` keeps its data in ``<run_dir>/northguard/<i>`` (broker 0's is where the
         single broker of earlier stacks kept its data, so an old run directory's topics stay
-        readable: the coordinator owns that metadata and leads every segment)."""
+        readable: the coordinator owns that metadata, with a copy on each of as many members as the
+        replication factor asks)."""
         brokers = self.northguard_brokers()
         coordinator = f"{brokers[0][0]}:{brokers[0][1]}"
         coordinator_metrics = f"http://{brokers[0][0]}:{brokers[0][2]}/metrics"
+        factor = self.settings.northguard_replication_factor  # segments and metadata alike
         components = []
         for index, (host, port, http_port) in enumerate(brokers):
             name = f"northguard-{index}"
             address = f"{host}:{port}"
             http_url = f"http://{host}:{http_port}"
             data_dir = self.run_dir / "northguard" / str(index)
-            role = ["--cluster"] if index == 0 else ["--coordinator", coordinator]
+            role = (
+                ["--cluster", "--metadata-replication-factor", str(factor)]
+                if index == 0
+                else ["--coordinator", coordinator]
+            )
             ready = functools.partial(
                 _northguard_ready, f"{http_url}/health", coordinator_metrics, index + 1
             )

@@ -782,6 +782,8 @@ def test_northguard_cluster_replicates_and_survives_a_member_sigkill(tmp_path: P
             assert sorted(segment["replicas"]) == ["0", "1", "2"], segment
             assert segment["replicas_wanted"] == 3, segment
         assert status["under_replicated_total"] == 0, status
+        # The coordinator's metadata journal is copied to both members (an op since they joined).
+        assert sorted(status["metadata"]["replicas"]) == ["0", "1", "2"], status["metadata"]
 
         # SIGKILL a member: the supervisor restarts it, and the stack keeps serving.
         victim = brokers["northguard-1"]["pid"]
