@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from test_ng_cluster import REPLICA_TIMEOUT_ARGS, request, wait_until
 
 from backends.northguard.broker.metadata_replication import MetadataCopy
 from backends.northguard.broker.placement import BrokerInfo
-from backends.northguard.launcher import NorthguardProcess, start_northguard_cluster
+from backends.northguard.launcher import NorthguardProcess
 from backends.northguard.runtime import RealRuntime
 from xinfra.backend import ProducerOptions
 from xinfra.errors import Conflict
@@ -31,22 +30,6 @@ from xinfra.keyspace import shard_ranges
 from xinfra.model import Record
 
 META3 = ["--metadata-replication-factor", "3"]
-
-
-@pytest.fixture
-def clusters(tmp_path: Path) -> Iterator[Callable[..., list[NorthguardProcess]]]:
-    started: list[NorthguardProcess] = []
-
-    def start(count: int, **arguments: Any) -> list[NorthguardProcess]:
-        processes = start_northguard_cluster(
-            tmp_path / f"cluster-{len(started)}", count, **arguments
-        )
-        started.extend(processes)
-        return processes
-
-    yield start
-    for process in reversed(started):
-        process.stop()
 
 
 def _metadata(process: NorthguardProcess) -> dict[str, Any]:
