@@ -13,7 +13,7 @@ import importlib
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -142,21 +142,6 @@ class LiveService:
 
     async def revoke_token(self, name: str) -> None:
         await self.call(lambda c: c.request("DELETE", f"/v1/tokens/{name}"))
-
-
-async def wait_until(
-    condition: Callable[[], Awaitable[T | None] | T | None], timeout_s: float = 20.0
-) -> T:
-    """Poll ``condition`` until it is truthy; fail the test after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if asyncio.iscoroutine(value) or isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"condition not met in {timeout_s} s"
-        await asyncio.sleep(0.05)
 
 
 async def read_all(consumer: Any, expected: int, timeout_s: float = 60.0) -> list[Any]:

@@ -12,7 +12,8 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from sdk_live import ADMIN_TOKEN, VC, LiveService, needs_kafka, read_all, wait_until
+from sdk_live import ADMIN_TOKEN, VC, LiveService, needs_kafka, read_all
+from waiting import wait_until
 
 from clients import (
     XinfraConsumerOptions,

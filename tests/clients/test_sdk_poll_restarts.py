@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sdk_live import LiveService, needs_northguard, wait_until
+from sdk_live import LiveService, needs_northguard
+from waiting import wait_until
 
 from clients import XinfraConsumer, XinfraConsumerOptions, open_consumer, open_producer
 from xinfra.errors import Unavailable

@@ -3,13 +3,12 @@
 ``ThreadService`` runs one instance under uvicorn in a thread of the test
 process; ``ProcessService`` runs one as a subprocess (``groups_serve.py``) so
 a test can SIGKILL it.  Both advertise their URL, so group requests that
-reach the wrong instance are redirected to the coordinator.  ``wait_until``
-waits on a condition with a deadline (never a bare sleep).
+reach the wrong instance are redirected to the coordinator.  Waiting is
+``waiting.wait_until`` (a condition against a deadline, never a bare sleep).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -18,7 +17,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -51,19 +49,6 @@ def group_config(database_url: str, run_dir: Path, **overrides: Any) -> ServiceC
         group_zk_session_s=10.0,
     )
     return replace(base, **overrides)
-
-
-async def wait_until(
-    condition: Callable[[], Awaitable[Any]], timeout_s: float = 20.0, what: str = "condition"
-) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = await condition()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 class Deadline:

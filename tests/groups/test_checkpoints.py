@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from groups_harness import wait_until
+from waiting import wait_until
 
 from metadata_service.checkpoints.buffer import CoalescingBuffer
 from metadata_service.checkpoints.cache import CheckpointCache, MemoryCache, RedisCache

@@ -10,7 +10,8 @@ import uuid
 from collections import Counter
 
 from conftest import create_topic
-from groups_harness import ADMIN_TOKEN, VC, Deadline, ThreadService, wait_until
+from groups_harness import ADMIN_TOKEN, VC, Deadline, ThreadService
+from waiting import wait_until
 
 from clients import GroupOptions, XinfraConsumer, open_consumer, open_producer
 from xinfra.rest import MetadataClient

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from sdk_live import VC, LiveService, needs_kafka, needs_northguard, wait_until
+from sdk_live import VC, LiveService, needs_kafka, needs_northguard
+from waiting import wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "metadata_service"))
 from ms_harness import ADMIN_TOKEN, restart, start_instance

@@ -15,8 +15,9 @@ import re
 import httpx
 import pytest
 from confluent_kafka import Producer
-from sdk_live import VC, LiveService, needs_kafka, needs_northguard, wait_until
+from sdk_live import VC, LiveService, needs_kafka, needs_northguard
 from test_migration_live import call
+from waiting import wait_until
 
 from metadata_service import ServiceConfig
 
