@@ -48,12 +48,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from report import Rounds, bench_parser, finish, guard, rounds_of, target  # noqa: E402
+from service import start_metadata_service  # noqa: E402
 
 from metadata_service.groups.assignor import minimum_moves, moves  # noqa: E402
 from metadata_service.migrate import upgrade_database  # noqa: E402
 from xinfra.services.kafka import start_kafka  # noqa: E402
 from xinfra.services.mysql import MysqlServer, ensure_mysql  # noqa: E402
-from xinfra.services.ports import free_port  # noqa: E402
 from xinfra.services.process import ManagedProcess  # noqa: E402
 from xinfra.services.zookeeper import start_zookeeper  # noqa: E402
 
@@ -63,47 +63,6 @@ HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 VC = "default"
 PENDING_INTERVAL_S = 0.05
 Unit = tuple[str, int]
-
-
-def start_service(work: Path, database_url: str, zookeeper: str) -> ManagedProcess:
-    port = free_port()
-    env = {
-        **os.environ,
-        "XINFRA_ADMIN_TOKEN": ADMIN_TOKEN,
-        "XINFRA_RUN_DIR": str(work / "service"),
-        "PYTHONPATH": str(ROOT),
-    }
-    process = ManagedProcess(
-        name="metadata",
-        argv=[
-            sys.executable,
-            "-m",
-            "metadata_service",
-            "serve",
-            "--port",
-            str(port),
-            "--database-url",
-            database_url,
-            "--zookeeper",
-            zookeeper,
-            "--notify",
-            "zookeeper",
-            "--no-upgrade",
-            "--log-level",
-            "warning",
-        ],
-        log_path=work / "service.log",
-        url=f"http://127.0.0.1:{port}",
-        env=env,
-    )
-
-    def ready() -> bool:
-        try:
-            return httpx.get(f"{process.url}/ready", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    return process.start().wait_ready(ready, timeout_s=60)
 
 
 class Member:
@@ -324,7 +283,13 @@ def main() -> None:
     rounds = Rounds()
     try:
         upgrade_database(database_url)
-        service = start_service(work, database_url, zookeeper.url)
+        service = start_metadata_service(
+            work,
+            "service",
+            admin_token=ADMIN_TOKEN,
+            database_url=database_url,
+            zookeeper=zookeeper.url,
+        )
         with httpx.Client(base_url=service.url, headers=HEADERS, timeout=120) as http:
             http.post(
                 "/v1/clusters", json={"name": "kafka", "kind": "kafka", "bootstrap": kafka.url}

@@ -91,12 +91,12 @@ from report import (  # noqa: E402  (bench/report.py: what every bench shares)
     rounds_of,
     target,
 )
+from service import start_metadata_service  # noqa: E402
 
 from metadata_service.migrate import upgrade_database  # noqa: E402
 from metadata_service.store import tables as t  # noqa: E402
 from xinfra.keyspace import shard_ranges  # noqa: E402
 from xinfra.services.mysql import MysqlServer, ensure_mysql  # noqa: E402
-from xinfra.services.ports import free_port  # noqa: E402
 from xinfra.services.process import ManagedProcess  # noqa: E402
 from xinfra.services.zookeeper import start_zookeeper  # noqa: E402
 
@@ -188,52 +188,6 @@ def populate(database_url: str, topics: int) -> None:
                 ],
             )
     engine.dispose()
-
-
-def start_instance(
-    run_dir: Path, name: str, database_url: str, zookeeper: str, cache_topics_max: int
-) -> ManagedProcess:
-    port = free_port()
-    env = {
-        **os.environ,
-        "XINFRA_ADMIN_TOKEN": ADMIN_TOKEN,
-        "XINFRA_RUN_DIR": str(run_dir / name),
-        "XINFRA_METADATA_CACHE_TOPICS_MAX": str(cache_topics_max),
-        "PYTHONPATH": str(ROOT),
-    }
-    process = ManagedProcess(
-        name=f"metadata-{name}",
-        argv=[
-            sys.executable,
-            "-m",
-            "metadata_service",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--database-url",
-            database_url,
-            "--zookeeper",
-            zookeeper,
-            "--notify",
-            "zookeeper",
-            "--no-upgrade",
-            "--log-level",
-            "warning",
-        ],
-        log_path=run_dir / f"{name}.log",
-        url=f"http://127.0.0.1:{port}",
-        env=env,
-    )
-
-    def ready() -> bool:
-        try:
-            return httpx.get(f"{process.url}/ready", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    return process.start().wait_ready(ready, timeout_s=60)
 
 
 def client_tokens(url: str, count: int) -> list[str]:
@@ -569,7 +523,14 @@ async def run(args: Any) -> tuple[Rounds, dict[str, Any]]:
         upgrade_database(database_url)
         populate(database_url, args.topics)
         instances = [
-            start_instance(work, name, database_url, zookeeper.url, cache_topics_max)
+            start_metadata_service(
+                work,
+                name,
+                admin_token=ADMIN_TOKEN,
+                database_url=database_url,
+                zookeeper=zookeeper.url,
+                env={"XINFRA_METADATA_CACHE_TOPICS_MAX": str(cache_topics_max)},
+            )
             for name in ("a", "b")
         ]
         a, b = instances

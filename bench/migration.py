@@ -56,8 +56,6 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -76,14 +74,13 @@ from report import (  # noqa: E402  (bench/report.py: what every bench shares)
     storage_facts,
     target,
 )
+from service import start_metadata_service  # noqa: E402
 
 from backends.northguard.launcher import start_northguard_broker  # noqa: E402
 from clients import XinfraProducerOptions, open_consumer, open_producer  # noqa: E402
 from xinfra.model import ClusterKind, PhysicalCluster, Position  # noqa: E402
 from xinfra.rest import MetadataClient  # noqa: E402
 from xinfra.services.kafka import start_kafka  # noqa: E402
-from xinfra.services.ports import free_port  # noqa: E402
-from xinfra.services.process import ManagedProcess  # noqa: E402
 
 BENCH = "migration"
 TOKEN = "bench-admin-" + uuid.uuid4().hex
@@ -100,44 +97,6 @@ SIDES = ("source", "dual")
 
 def log(message: str) -> None:
     print(f"[bench migration] {message}", file=sys.stderr, flush=True)
-
-
-def start_service(work: Path) -> ManagedProcess:
-    port = free_port()
-    env = {
-        **os.environ,
-        "XINFRA_ADMIN_TOKEN": TOKEN,
-        "XINFRA_RUN_DIR": str(work / "service"),
-        "PYTHONPATH": str(ROOT),
-    }
-    process = ManagedProcess(
-        name="metadata",
-        argv=[
-            sys.executable,
-            "-m",
-            "metadata_service",
-            "serve",
-            "--port",
-            str(port),
-            "--database-url",
-            f"sqlite:///{work / 'metadata.db'}",
-            "--notify",
-            "local",
-            "--log-level",
-            "warning",
-        ],
-        log_path=work / "service.log",
-        url=f"http://127.0.0.1:{port}",
-        env=env,
-    )
-
-    def ready() -> bool:
-        try:
-            return httpx.get(f"{process.url}/ready", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    return process.start().wait_ready(ready, timeout_s=60)
 
 
 class Load:
@@ -347,7 +306,9 @@ def main() -> None:
         ng_data = work / "northguard" / "data"
         northguard = start_northguard_broker(ng_data, log_path=work / "northguard.log")
         stack.callback(northguard.stop)
-        service = start_service(work)
+        service = start_metadata_service(
+            work, "service", admin_token=TOKEN, database_url=f"sqlite:///{work / 'metadata.db'}"
+        )
         stack.callback(service.stop)
         metrics_url = f"http://127.0.0.1:{northguard.http_port}/metrics"
         with MetadataClient(service.url, token=TOKEN, timeout_s=120) as admin:
