@@ -9,9 +9,10 @@ won, and the caller gets ``VersionConflict`` instead of a lost update.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -309,56 +310,74 @@ def metadata_body(key: tuple[str, str], rows: list[Sequence[Any]]) -> MetadataBo
 
     Built straight from the rows, without the models: validating and dumping them cost
     three quarters of an uncached read's CPU, and every uncached read answers from here.
-    The stored values were validated when written; the tests hold this to the models' bytes.
-    Every reader of the metadata is a client: its clusters carry their public
-    attributes only (``metadata_service.cluster_secrets``)."""
+    The parts most topics share (a shard layout: one per shard count; a cluster) are
+    rendered once (``_shards_json``, ``_cluster_json``).  The stored values were validated
+    when written; the tests hold this to the models' bytes.  Every reader of the metadata is
+    a client: its clusters carry their public attributes only
+    (``metadata_service.cluster_secrets``)."""
     if not rows or rows[0][2] != "active" or rows[0][6] is None:
         return None
     rows.sort(key=lambda row: int(row[6]))
     head = rows[0]
     version = int(head[5])
-    document = {
-        "topic": {
-            "virtual_cluster": key[0],
-            "name": key[1],
-            "config": json.loads(head[3]),
-            "sealed": bool(head[4]),
-        },
-        "version": version,
-        "epochs": [
-            {
-                "number": int(row[6]),
-                "cluster": row[7],
-                "physical_topic": row[8],
-                "shards": [
-                    {"index": index, "key_range": [str(int(start)), str(int(end))]}
-                    for index, (start, end) in enumerate(json.loads(row[9]))
-                ],
-                "state": row[10],
-                "end_offsets": (
-                    {str(int(k)): int(v) for k, v in json.loads(row[11]).items()}
-                    if row[11] is not None
-                    else None
-                ),
-                "mirror_of": None if row[12] is None else int(row[12]),
-            }
-            for row in rows
-        ],
-        "clusters": {
-            row[7]: {
-                "name": row[7],
-                "kind": row[13],
-                "bootstrap": row[14],
-                "attributes": public_attributes(json.loads(row[15])),
-            }
-            for row in rows
-        },
-    }
-    return version, _dumps(document).encode()
+    text = _string_json
+    config = ",".join(f"{text(k)}:{text(v)}" for k, v in json.loads(head[3]).items())
+    epochs = ",".join(
+        f'{{"number":{int(row[6])},"cluster":{text(row[7])},'
+        f'"physical_topic":{text(row[8])},"shards":{_shards_json(row[9])},'
+        f'"state":{text(row[10])},"end_offsets":{_end_offsets_json(row[11])},'
+        f'"mirror_of":{"null" if row[12] is None else int(row[12])}}}'
+        for row in rows
+    )
+    clusters = ",".join(
+        f"{text(name)}:{cluster}"
+        for name, cluster in {
+            row[7]: _cluster_json(row[7], row[13], row[14], row[15]) for row in rows
+        }.items()
+    )
+    document = (
+        f'{{"topic":{{"virtual_cluster":{text(key[0])},"name":{text(key[1])},'
+        f'"config":{{{config}}},"sealed":{"true" if head[4] else "false"}}},'
+        f'"version":{version},"epochs":[{epochs}],"clusters":{{{clusters}}}}}'
+    )
+    return version, document.encode()
 
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 """pydantic's JSON: compact, UTF-8."""
+
+_string_json: Callable[[str], str] = json.encoder.encode_basestring
+"""A string as ``_dumps`` writes it (its C function, without the encoder's per-call set-up)."""
+
+
+@functools.lru_cache(maxsize=256)
+def _shards_json(stored: str) -> str:
+    """An epoch's ``shards`` as the model writes them, from the stored ``[[start, end], ...]``."""
+    return _dumps(
+        [
+            {"index": index, "key_range": [str(int(start)), str(int(end))]}
+            for index, (start, end) in enumerate(json.loads(stored))
+        ]
+    )
+
+
+def _end_offsets_json(stored: str | None) -> str:
+    if stored is None:
+        return "null"
+    return _dumps({str(int(shard)): int(offset) for shard, offset in json.loads(stored).items()})
+
+
+@functools.lru_cache(maxsize=256)
+def _cluster_json(name: str, kind: str, bootstrap: str, attributes: str) -> str:
+    """A cluster as a client sees it (public attributes only), as the model writes it."""
+    return _dumps(
+        {
+            "name": name,
+            "kind": kind,
+            "bootstrap": bootstrap,
+            "attributes": public_attributes(json.loads(attributes)),
+        }
+    )
 
 
 def _require_owner(row: Any, owner: str, now: int) -> None:

@@ -4,6 +4,7 @@ what the cache serves, what the store holds, and nothing a token may not see."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 
 import httpx
@@ -13,6 +14,8 @@ from test_ms_api import VC, assert_problem, create_topic, register, wait_for
 
 from metadata_service import ServiceConfig
 from metadata_service.cluster_secrets import public_attributes
+from metadata_service.store.repository import metadata_body
+from xinfra.keyspace import shard_ranges
 from xinfra.model import TopicMetadata
 from xinfra.services.mysql import MysqlServer
 
@@ -385,3 +388,38 @@ async def test_a_miss_after_the_server_dropped_the_connection_reconnects(
     assert again.status_code == 200, again.text
     assert again.json()["topic"]["name"] == "orders"
     assert reads._connection.thread_id() != thread_id  # type: ignore[attr-defined]
+
+
+def test_the_body_built_from_rows_is_the_models_own_bytes() -> None:
+    """``metadata_body`` writes what ``TopicMetadata.model_dump_json`` writes, for text that
+    JSON escapes, epochs out of order, one cluster under several epochs, a mirror and a
+    sealed epoch; and a topic that is not active, or has no ready epoch, is not visible."""
+    layout = json.dumps([r.to_json() for r in shard_ranges(3)])
+    config = json.dumps({'quote"s': "back\\slash", "ctl": "a\nb\t\x01", "wide": "é ✓ 🚀"})
+
+    def row(number: int, cluster: str, state: str, end: str | None, mirror: int | None) -> tuple:
+        kind = "northguard" if cluster == "ng-1" else "kafka"
+        attributes = json.dumps({"rack": "r1", "sasl.password": "env:X"})
+        return (VC, "t", "active", config, 1, 9, number, cluster, f"xinfra.t.{number}", layout,
+                state, end, mirror, kind, f"{cluster}:9092", attributes)  # fmt: skip
+
+    rows = [
+        row(2, "kafka-1", "dual_write", None, 1),
+        row(0, "kafka-1", "sealed", json.dumps({"0": 5, "1": 0, "2": 12}), None),
+        row(1, "ng-1", "active", None, None),
+    ]
+    found = metadata_body((VC, "t"), list(rows))
+    assert found is not None
+    version, body = found
+    model = TopicMetadata.model_validate_json(body)
+    assert version == model.version == 9
+    assert body == model.model_dump_json().encode()
+    assert [e.number for e in model.epochs] == [0, 1, 2] and model.epochs[2].mirror_of == 1
+    assert model.topic.config["wide"] == "é ✓ 🚀" and model.topic.sealed
+    assert all(c.attributes == {"rack": "r1"} for c in model.clusters.values())
+    assert list(model.clusters) == ["kafka-1", "ng-1"]
+    assert metadata_body((VC, "t"), []) is None
+    deleting = (*rows[0][:2], "deleting", *rows[0][3:])
+    assert metadata_body((VC, "t"), [deleting]) is None
+    no_epoch = (*rows[0][:6], *(None,) * 10)
+    assert metadata_body((VC, "t"), [no_epoch]) is None
