@@ -83,7 +83,10 @@ class MysqlMetadataReads:
     def supports(url: URL) -> bool:
         """Whether ``url`` is a MySQL database this can reach as the store's engine does (TLS
         and other driver options are left to the threaded path)."""
-        return url.get_backend_name() == "mysql" and set(url.query) <= {"charset", "unix_socket"}
+        return url.get_backend_name() in ("mysql", "mariadb") and set(url.query) <= {
+            "charset",
+            "unix_socket",
+        }
 
     async def __call__(self, keys: Sequence[TopicKey]) -> dict[TopicKey, MetadataBody | None]:
         statement = READ_METADATA_MYSQL.format(keys=metadata_keys_sql(len(keys)))

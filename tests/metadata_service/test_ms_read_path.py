@@ -10,10 +10,12 @@ from collections.abc import Callable
 import httpx
 import pytest
 from ms_harness import Service, running
+from sqlalchemy.engine import make_url
 from test_ms_api import VC, assert_problem, create_topic, register, wait_for
 
 from metadata_service import ServiceConfig
 from metadata_service.cluster_secrets import public_attributes
+from metadata_service.metadata_reader import MysqlMetadataReads
 from metadata_service.store.repository import metadata_body
 from xinfra.keyspace import shard_ranges
 from xinfra.model import TopicMetadata
@@ -423,3 +425,11 @@ def test_the_body_built_from_rows_is_the_models_own_bytes() -> None:
     assert metadata_body((VC, "t"), [deleting]) is None
     no_epoch = (*rows[0][:6], *(None,) * 10)
     assert metadata_body((VC, "t"), [no_epoch]) is None
+
+
+def test_misses_go_on_the_loop_for_plain_mysql_urls_only() -> None:
+    """SQLite and MySQL with TLS or other driver options keep the threaded store read."""
+    assert MysqlMetadataReads.supports(make_url("mysql+pymysql://root@127.0.0.1:3306/x"))
+    assert MysqlMetadataReads.supports(make_url("mariadb+pymysql://u:p@h/x?charset=utf8mb4"))
+    assert not MysqlMetadataReads.supports(make_url("sqlite:///x.db"))
+    assert not MysqlMetadataReads.supports(make_url("mysql+pymysql://u@h/x?ssl_ca=/ca.pem"))
