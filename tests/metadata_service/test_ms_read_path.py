@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -433,3 +434,16 @@ def test_misses_go_on_the_loop_for_plain_mysql_urls_only() -> None:
     assert MysqlMetadataReads.supports(make_url("mariadb+pymysql://u:p@h/x?charset=utf8mb4"))
     assert not MysqlMetadataReads.supports(make_url("sqlite:///x.db"))
     assert not MysqlMetadataReads.supports(make_url("mysql+pymysql://u@h/x?ssl_ca=/ca.pem"))
+
+
+async def test_misses_on_sqlite_are_read_by_the_store_thread(
+    make_config: Callable[..., ServiceConfig], bootstrap: str, tmp_path: Path
+) -> None:
+    async with running(make_config(database_url=f"sqlite:///{tmp_path / 'm.db'}")) as service:
+        assert service.app.state.services.topics.reader._mysql is None
+        await register(service, bootstrap)
+        await create_topic(service, "orders", 2)
+        service.app.state.services.runtime.cache.invalidate(None)
+        response = await service.http.get(f"/v1/vclusters/{VC}/topics/orders/metadata")
+        assert response.status_code == 200, response.text
+        assert response.content == expected_metadata(service, "orders").model_dump_json().encode()
