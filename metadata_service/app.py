@@ -268,6 +268,7 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
             await group_service.stop()
             await runtime.notifier.stop()
             await runtime.backends.close()
+            await services.topics.close()
             runtime.store.dispose()
 
     app = FastAPI(

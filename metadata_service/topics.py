@@ -101,6 +101,10 @@ class TopicService:
         self.reader = MetadataReader(runtime)
         self.credentials = CredentialIssuer(runtime, runtime.config.northguard_credential_ttl_s)
 
+    async def close(self) -> None:
+        """Close what the reads hold open (the metadata reader's MySQL connection)."""
+        await self.reader.close()
+
     # ---- reads --------------------------------------------------------------------------
 
     async def metadata_body(self, vc: str, name: str) -> tuple[int, bytes]:
@@ -133,13 +137,12 @@ class TopicService:
                 return entry
         self.rt.metrics.cache_misses.inc()
         generation = self.rt.hub.generation
-        metadata = await self.reader.read(key)
-        if metadata is None:
+        found = await self.reader.read(key)
+        if found is None:
             raise TopicNotFound(f"topic {vc}/{name} does not exist")
-        body = metadata.model_dump_json().encode()
         if notifier.cache_safe and self.rt.hub.generation == generation:
-            self.rt.cache.put(key, metadata.version, body)
-        return metadata.version, body
+            self.rt.cache.put(key, *found)
+        return found
 
     async def wait_metadata(
         self, vc: str, name: str, after_version: int | None, timeout_s: float

@@ -4,14 +4,23 @@ what the cache serves, what the store holds, and nothing a token may not see."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
+import pytest
 from ms_harness import Service, running
+from sqlalchemy.engine import make_url
 from test_ms_api import VC, assert_problem, create_topic, register, wait_for
 
 from metadata_service import ServiceConfig
+from metadata_service.cluster_secrets import public_attributes
+from metadata_service.metadata_reader import MysqlMetadataReads
+from metadata_service.store.repository import metadata_body
+from xinfra.keyspace import shard_ranges
 from xinfra.model import TopicMetadata
+from xinfra.services.mysql import MysqlServer
 
 
 def lookups(metrics_text: str, name: str) -> dict[str, float]:
@@ -264,19 +273,19 @@ async def test_concurrent_misses_share_batched_queries(service: Service, bootstr
         await create_topic(service, name, 1)
     services = service.app.state.services
     store = services.runtime.store
-    original = store.read_metadata_many
+    reader = services.topics.reader
+    original = reader.fetch
     batches: list[list[tuple[str, str]]] = []
     entered, release = asyncio.Event(), asyncio.Event()
-    loop = asyncio.get_running_loop()
 
-    def recording(keys):  # type: ignore[no-untyped-def]
+    async def recording(keys):  # type: ignore[no-untyped-def]
         batches.append(list(keys))
-        loop.call_soon_threadsafe(entered.set)
-        asyncio.run_coroutine_threadsafe(release.wait(), loop).result(10)
-        return original(keys)
+        entered.set()
+        await release.wait()
+        return await original(keys)
 
     services.runtime.cache.invalidate(None)
-    store.read_metadata_many = recording
+    reader.fetch = recording
     try:
         first = asyncio.create_task(services.topics.metadata_body(VC, "a"))
         await asyncio.wait_for(entered.wait(), 10)
@@ -292,8 +301,149 @@ async def test_concurrent_misses_share_batched_queries(service: Service, bootstr
         assert (await first)[0] == 1
         b1, c, b2, missing = await asyncio.gather(*later, return_exceptions=True)
     finally:
-        store.read_metadata_many = original
+        reader.fetch = original
     assert batches == [[(VC, "a")], [(VC, "b"), (VC, "c"), (VC, "missing")]]
     assert b1 == b2 and b1[0] == 2 and b'"x":"1"' in b1[1]
     assert c[0] == 1
     assert isinstance(missing, Exception) and "does not exist" in str(missing)
+
+
+async def test_misses_on_mysql_are_read_on_the_loop_as_the_models_write_them(
+    service: Service, bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On MySQL a miss never takes a worker thread (the store's threaded read is not called),
+    and its body is the models' own bytes: secret attributes left out, text beyond ASCII, a
+    sealed epoch with its end offsets, several clusters."""
+    monkeypatch.setenv("NG_SECRET", "s3cret")
+    await register(service, bootstrap, "kafka-1")
+    await service.ok(
+        "POST",
+        "/v1/clusters",
+        201,
+        json={
+            "name": "ng-1",
+            "kind": "northguard",
+            "bootstrap": bootstrap.replace(":9092", ":9093"),
+            "attributes": {"rack": "é-1", "sasl.password": "env:NG_SECRET"},
+        },
+    )
+    await create_topic(service, "events", 2, cluster="kafka-1")
+    await service.ok(
+        "PATCH", f"/v1/vclusters/{VC}/topics/events", json={"config": {"note": "naïve ✓"}}
+    )
+    await service.ok(
+        "POST",
+        f"/v1/vclusters/{VC}/topics/events/epochs",
+        201,
+        json={"cluster": "ng-1", "end_offsets": {"0": 7, "1": 9}},
+    )
+    runtime = service.app.state.services.runtime
+    store = runtime.store
+
+    def no_thread(keys):  # type: ignore[no-untyped-def]
+        raise AssertionError(f"a threaded store read for {keys}")
+
+    runtime.cache.invalidate(None)
+    store.read_metadata_bodies = no_thread
+    try:
+        response = await service.http.get(f"/v1/vclusters/{VC}/topics/events/metadata")
+    finally:
+        del store.read_metadata_bodies
+    assert response.status_code == 200, response.text
+    stored = expected_metadata(service, "events")
+    assert stored.clusters["ng-1"].attributes["sasl.password"] == "env:NG_SECRET"
+    metadata = stored.model_copy(
+        update={
+            "clusters": {
+                name: cluster.model_copy(
+                    update={"attributes": public_attributes(cluster.attributes)}
+                )
+                for name, cluster in stored.clusters.items()
+            }
+        }
+    )
+    assert metadata.clusters["ng-1"].attributes == {"rack": "é-1"}
+    assert response.content == metadata.model_dump_json().encode()
+    assert metadata.epochs[0].state == "sealed" and metadata.epochs[0].end_offsets == {0: 7, 1: 9}
+    # The threaded read (SQLite's path, and the registry's) answers the same bytes.
+    assert store.read_metadata_bodies([(VC, "events")]) == {
+        (VC, "events"): (metadata.version, response.content)
+    }
+
+
+async def test_a_miss_after_the_server_dropped_the_connection_reconnects(
+    service: Service, bootstrap: str, mysql_server: MysqlServer
+) -> None:
+    """The loop's MySQL connection closed by the server while idle (wait_timeout, a restart):
+    the next miss reads on a new connection, with no error for the client."""
+    await register(service, bootstrap)
+    await create_topic(service, "orders", 1)
+    services = service.app.state.services
+    url = f"/v1/vclusters/{VC}/topics/orders/metadata"
+    services.runtime.cache.invalidate(None)
+    assert (await service.http.get(url)).status_code == 200
+    reads = services.topics.reader.fetch
+    thread_id = reads._connection.thread_id()  # type: ignore[attr-defined]
+    with mysql_server.connect() as admin, admin.cursor() as cursor:
+        cursor.execute(f"KILL {int(thread_id)}")
+    services.runtime.cache.invalidate(None)
+    again = await service.http.get(url)
+    assert again.status_code == 200, again.text
+    assert again.json()["topic"]["name"] == "orders"
+    assert reads._connection.thread_id() != thread_id  # type: ignore[attr-defined]
+
+
+def test_the_body_built_from_rows_is_the_models_own_bytes() -> None:
+    """``metadata_body`` writes what ``TopicMetadata.model_dump_json`` writes, for text that
+    JSON escapes, epochs out of order, one cluster under several epochs, a mirror and a
+    sealed epoch; and a topic that is not active, or has no ready epoch, is not visible."""
+    layout = json.dumps([r.to_json() for r in shard_ranges(3)])
+    config = json.dumps({'quote"s': "back\\slash", "ctl": "a\nb\t\x01", "wide": "é ✓ 🚀"})
+
+    def row(number: int, cluster: str, state: str, end: str | None, mirror: int | None) -> tuple:
+        kind = "northguard" if cluster == "ng-1" else "kafka"
+        attributes = json.dumps({"rack": "r1", "sasl.password": "env:X"})
+        return (VC, "t", "active", config, 1, 9, number, cluster, f"xinfra.t.{number}", layout,
+                state, end, mirror, kind, f"{cluster}:9092", attributes)  # fmt: skip
+
+    rows = [
+        row(2, "kafka-1", "dual_write", None, 1),
+        row(0, "kafka-1", "sealed", json.dumps({"0": 5, "1": 0, "2": 12}), None),
+        row(1, "ng-1", "active", None, None),
+    ]
+    found = metadata_body((VC, "t"), list(rows))
+    assert found is not None
+    version, body = found
+    model = TopicMetadata.model_validate_json(body)
+    assert version == model.version == 9
+    assert body == model.model_dump_json().encode()
+    assert [e.number for e in model.epochs] == [0, 1, 2] and model.epochs[2].mirror_of == 1
+    assert model.topic.config["wide"] == "é ✓ 🚀" and model.topic.sealed
+    assert all(c.attributes == {"rack": "r1"} for c in model.clusters.values())
+    assert list(model.clusters) == ["kafka-1", "ng-1"]
+    assert metadata_body((VC, "t"), []) is None
+    deleting = (*rows[0][:2], "deleting", *rows[0][3:])
+    assert metadata_body((VC, "t"), [deleting]) is None
+    no_epoch = (*rows[0][:6], *(None,) * 10)
+    assert metadata_body((VC, "t"), [no_epoch]) is None
+
+
+def test_misses_go_on_the_loop_for_plain_mysql_urls_only() -> None:
+    """SQLite and MySQL with TLS or other driver options keep the threaded store read."""
+    assert MysqlMetadataReads.supports(make_url("mysql+pymysql://root@127.0.0.1:3306/x"))
+    assert MysqlMetadataReads.supports(make_url("mariadb+pymysql://u:p@h/x?charset=utf8mb4"))
+    assert not MysqlMetadataReads.supports(make_url("sqlite:///x.db"))
+    assert not MysqlMetadataReads.supports(make_url("mysql+pymysql://u@h/x?ssl_ca=/ca.pem"))
+
+
+async def test_misses_on_sqlite_are_read_by_the_store_thread(
+    make_config: Callable[..., ServiceConfig], bootstrap: str, tmp_path: Path
+) -> None:
+    async with running(make_config(database_url=f"sqlite:///{tmp_path / 'm.db'}")) as service:
+        assert service.app.state.services.topics.reader._mysql is None
+        await register(service, bootstrap)
+        await create_topic(service, "orders", 2)
+        service.app.state.services.runtime.cache.invalidate(None)
+        response = await service.http.get(f"/v1/vclusters/{VC}/topics/orders/metadata")
+        assert response.status_code == 200, response.text
+        assert response.content == expected_metadata(service, "orders").model_dump_json().encode()
