@@ -20,7 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from clients.outage import equal_jitter
+from xinfra.backoff import equal_jitter
 from xinfra.errors import Forbidden, NotFound, Unauthenticated, Unavailable, XinfraError
 from xinfra.model import TopicMetadata
 

@@ -7,9 +7,8 @@ consumer.poll()`` must survive a routine restart.  It must see an outage that
 lasts, though, or it would wait forever on a cluster that is gone.
 
 An ``Outage`` is one run of failures of one source (a reader).  Each failure
-schedules the next try after a delay that doubles from ``BACKOFF_S_MIN`` to
-``BACKOFF_S_MAX``, with "equal jitter" (half of it fixed, half random) so that
-clients failed by the same restart do not come back in step.  The first
+schedules the next try after ``xinfra.backoff``'s delay (doubling, with
+jitter, so that clients failed by the same restart do not come back in step).  The first
 failure more than ``bound_s`` after the run began is raised, its message
 saying for how long it failed.  A success ends the run (the owner drops it).
 """
@@ -18,32 +17,21 @@ from __future__ import annotations
 
 import copy
 import random
-from typing import Final
 
+from xinfra.backoff import backoff_s
 from xinfra.errors import XinfraError
-
-BACKOFF_S_MIN: Final = 0.05
-"""The delay after the first failure of a run: a restart's connection refusal is brief."""
-BACKOFF_S_MAX: Final = 2.0
-"""The longest delay between tries: a broker back from a restart is used within it."""
-
-
-def equal_jitter(delay_s: float, rng: random.Random | None = None) -> float:
-    """``delay_s`` with "equal jitter": half fixed, half random, so retries do not come in step."""
-    return delay_s * (0.5 + 0.5 * (rng or random).random())
 
 
 class Outage:
     """A run of retriable failures of one source; raises the failure that outlasts ``bound_s``."""
 
-    __slots__ = ("_backoff_s", "_rng", "bound_s", "failures", "retry_at_s", "since_s")
+    __slots__ = ("_rng", "bound_s", "failures", "retry_at_s", "since_s")
 
     def __init__(self, bound_s: float, now_s: float, rng: random.Random | None = None) -> None:
         self.bound_s = bound_s
         self.since_s = now_s
         self.retry_at_s = now_s
         self.failures = 0
-        self._backoff_s = BACKOFF_S_MIN
         self._rng = rng or random.Random()
 
     def failed(self, error: XinfraError, now_s: float) -> None:
@@ -63,6 +51,4 @@ class Outage:
             )
             raised.args = (raised.message,)
             raise raised from error
-        delay_s = equal_jitter(self._backoff_s, self._rng)
-        self._backoff_s = min(BACKOFF_S_MAX, 2 * self._backoff_s)
-        self.retry_at_s = now_s + delay_s
+        self.retry_at_s = now_s + backoff_s(self.failures, self._rng)

@@ -44,9 +44,9 @@ from operator import is_not
 from typing import overload
 
 from clients.metadata import MetadataSource, TopicWatch, fetch_metadata
-from clients.outage import equal_jitter
 from clients.pool import BackendPool
 from xinfra.backend import ProducerOptions
+from xinfra.backoff import equal_jitter
 from xinfra.errors import (
     Backpressure,
     InvalidRequest,

@@ -25,7 +25,7 @@ Each batch carries the producer id, epoch and its per-range sequence number
 in its header (the broker rebuilds its duplicate table from the stored
 batches), so this holds across a broker restart too, within the broker's
 duplicate window.  Reopens back
-off exponentially with jitter (``RETRY_BACKOFF_S_MIN`` to ``_MAX``, reset by
+off exponentially with jitter (``xinfra.backoff``, reset by
 the next Ack), so a broker that refuses every stream (a failed disk) is never
 hammered.
 
@@ -62,6 +62,7 @@ from backends.northguard.client.connection import ClientConnection, CredentialSo
 from backends.northguard.client.produce_stream import ProduceStream
 from backends.northguard.runtime import Runtime
 from xinfra.backend import ProducerOptions, ShardProducer
+from xinfra.backoff import backoff_s
 from xinfra.errors import (
     BackendTimeout,
     Backpressure,
@@ -83,9 +84,6 @@ ACK_STALL_S_MIN = 1.0
 reopened on the leader the refreshed metadata names (a stopped leader keeps its socket open
 and answers nothing while the coordinator moves its range on); the batches keep their
 deadlines and sequence numbers, so a resend is stored once."""
-RETRY_BACKOFF_S_MIN = 0.05
-RETRY_BACKOFF_S_MAX = 2.0
-"""Bounds of the wait before a stream is reopened after a failure (doubling, with jitter)."""
 BATCH_RECORDS_MAX = 20_000
 
 
@@ -321,7 +319,7 @@ class NorthguardProducer(ShardProducer):
             while state.queue:
                 moved = state.failures == 1 and isinstance(state.last_error, NotLeader)
                 if state.failures and not moved:  # a first not_leader: straight to the leader
-                    await self._runtime.sleep(self._backoff_s(state))
+                    await self._runtime.sleep(backoff_s(state.failures, self._runtime.random))
                     if not state.queue:  # failed by its deadline meanwhile
                         return
                 stream: ProduceStream | None = None
@@ -365,12 +363,6 @@ class NorthguardProducer(ShardProducer):
         finally:
             if state.reopening is asyncio.current_task():
                 state.reopening = None
-
-    def _backoff_s(self, state: _Shard) -> float:
-        """Doubling per failure since the last Ack, capped, with jitter so shards do not align."""
-        exponent = min(max(state.failures - 1, 0), 16)
-        ceiling = min(RETRY_BACKOFF_S_MAX, RETRY_BACKOFF_S_MIN * float(1 << exponent))
-        return ceiling * (0.5 + 0.5 * self._runtime.random.random())
 
     def _arm_deadline(self, state: _Shard) -> None:
         """Wake up at the oldest unacknowledged batch's deadline, or sooner to look for a stalled

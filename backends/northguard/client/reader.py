@@ -10,9 +10,12 @@ nothing.
 
 A stream that fails with a retriable error (the connection dropped, the
 broker restarted, its leader changed) is reopened at the shard's position by
-the next poll, on the leader the refreshed topic metadata names; a
-non-retriable one (``TopicNotFound``, ``OffsetOutOfRange``, ``CorruptData``)
-is raised by that poll.
+the next poll, on the leader the refreshed topic metadata names: at once after
+a first failure (a leader change), then after ``xinfra.backoff``'s growing
+delay for each further failure in a row, until the shard returns records; so
+metadata naming a broker that refuses the range costs a few opens a second,
+not thousands.  A non-retriable one (``TopicNotFound``, ``OffsetOutOfRange``,
+``CorruptData``) is raised by that poll.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from backends.northguard.client.consume_stream import ConsumeStream
 from backends.northguard.protocol import CONSUME_WINDOW_BYTES_MAX
 from backends.northguard.runtime import Runtime
 from xinfra.backend import ReaderOptions, ShardReader
+from xinfra.backoff import backoff_s
 from xinfra.errors import XinfraError
 from xinfra.model import ConsumedRecord, prefixed
 
@@ -57,6 +61,12 @@ class NorthguardReader(ShardReader):
         self._streams: dict[int, ConsumeStream] = {}
         self._leftover: dict[int, list[ConsumedRecord]] = {}
         """Decoded records of a shard that did not fit the last poll, oldest first."""
+        self._failures: dict[int, int] = {}
+        """Retriable stream failures in a row of a shard, until it returns records."""
+        self._retry_at_s: dict[int, float] = {}
+        """When a shard whose stream failed may be reopened (absent: at once)."""
+        self._stale = False
+        """A stream failed retriably: refresh the metadata before the next open."""
         self._data = asyncio.Event()
         self._next_shard = 0
         self._closed = False
@@ -76,6 +86,10 @@ class NorthguardReader(ShardReader):
         for shard in list(self._leftover):
             if shard not in new:
                 del self._leftover[shard]
+        for shard in list(self._failures):
+            if shard not in new:
+                del self._failures[shard]
+                self._retry_at_s.pop(shard, None)
         self._positions = new
 
     async def _ensure_streams(self) -> None:
@@ -101,8 +115,18 @@ class NorthguardReader(ShardReader):
                 if not failure.retriable:
                     raise failure
                 stream = None
-                view = await self._topic(refresh=True)  # its leader may have changed
+                failures = self._failures[shard] = self._failures.get(shard, 0) + 1
+                if failures > 1:
+                    delay_s = backoff_s(failures - 1, self._runtime.random)
+                    self._retry_at_s[shard] = self._runtime.monotonic_s() + delay_s
+                self._stale = True  # its leader may have changed
             if stream is None:
+                if self._retry_at_s.get(shard, 0.0) > self._runtime.monotonic_s():
+                    continue
+                self._retry_at_s.pop(shard, None)
+                if self._stale:
+                    self._stale = False
+                    view = await self._topic(refresh=True)
                 connection = await self._admin.connection_to(view.ranges[shard].leader)
                 if shard in self._streams or self._positions.get(shard) != position:
                     continue  # the assignment changed while connecting
@@ -123,9 +147,12 @@ class NorthguardReader(ShardReader):
             await self._ensure_streams()
             if self._ready():
                 return self._take(max_records)
-            remaining = deadline - self._runtime.monotonic_s()
+            now_s = self._runtime.monotonic_s()
+            remaining = deadline - now_s
             if remaining <= 0:
                 return []
+            if self._retry_at_s:  # wake for the first reopen that is due
+                remaining = min(remaining, max(0.0, min(self._retry_at_s.values()) - now_s))
             self._data.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._data.wait(), remaining)
@@ -163,6 +190,8 @@ class NorthguardReader(ShardReader):
                 continue
             position = self._positions[shard]
             entries = stream.entries
+            if entries:
+                self._failures.pop(shard, None)  # it reads again: the run of failures ends
             while entries and len(out) < max_records:
                 base_offset, batch = entries.popleft()
                 stream.consumed(len(batch))
