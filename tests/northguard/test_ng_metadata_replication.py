@@ -20,14 +20,16 @@ import pytest
 from ng_harness import backend_for, broker_metrics, read_until
 from test_ng_cluster import REPLICA_TIMEOUT_ARGS, request, wait_until
 
-from backends.northguard.broker.metadata_replication import MetadataCopy
+from backends.northguard.broker.metadata_replication import MetadataCopy, choose_copy
 from backends.northguard.broker.placement import BrokerInfo
+from backends.northguard.broker.state import MetadataState
 from backends.northguard.launcher import NorthguardProcess
 from backends.northguard.runtime import RealRuntime
 from xinfra.backend import ProducerOptions
-from xinfra.errors import Conflict
+from xinfra.errors import Conflict, Unavailable
 from xinfra.keyspace import shard_ranges
 from xinfra.model import Record
+from xinfra.services.process import ServiceError
 
 META3 = ["--metadata-replication-factor", "3"]
 
@@ -153,9 +155,11 @@ async def test_factor_one_keeps_metadata_on_the_coordinator_only(clusters: Any) 
     finally:
         await backend.close()
     assert _metadata(processes[0]) == {
+        "policy": None,
         "replication_factor": 1,
         "replicas": ["1"],
         "under_replicated": 0,
+        "reason": None,
         "replaced": 0,
     }
     assert request(processes[1], "meta_fetch")["state"] is None
@@ -199,3 +203,65 @@ async def test_a_member_copy_refuses_a_gap_and_survives_its_restart(tmp_path: Pa
     state = (await reopened.handle("meta_fetch", {}))["state"]
     assert state["applied_seq"] == 3
     assert sorted(t["name"] for t in state["topics"]) == ["x", "y", "z"]
+
+
+def _copy(applied_seq: int, replicas: list[str], recorded_seq: int) -> dict[str, Any]:
+    """A member's copy as ``meta_fetch`` answers it: at ``applied_seq``, with the replica set
+    ``replicas`` recorded by op ``recorded_seq`` (0: none recorded)."""
+    state = MetadataState(applied_seq=applied_seq)
+    state.metadata_replicas, state.metadata_replicas_seq = replicas, recorded_seq
+    return state.to_json()
+
+
+def test_recovery_takes_a_copy_only_when_every_member_of_the_newest_set_answered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """In process, the rule alone: broker 3 failed an append at op 5 and was dropped (op 6
+    recorded {1, 2} on broker 2); broker 3's copy alone says {1, 2, 3}, whose member 2 did
+    not answer: refused, naming it, unless forced (loudly)."""
+    stale = _copy(5, ["1", "2", "3"], 2)
+    current = _copy(9, ["1", "2"], 6)
+    with pytest.raises(Unavailable, match=r"\b2\b.*did not answer") as refused:
+        choose_copy({"3": stale}, ["127.0.0.1:1"], "1", force=False)
+    assert "--force-unclean-metadata-recovery" in str(refused.value)
+    assert choose_copy({"3": stale, "2": current}, [], "1", force=False) == current
+    assert choose_copy({"2": current}, ["127.0.0.1:1"], "1", force=False) == current
+    with caplog.at_level("ERROR"):
+        assert choose_copy({"3": stale}, [], "1", force=True) == stale
+    assert "UNCLEAN METADATA RECOVERY" in caplog.text
+    # a copy that records no set cannot show it is current; no copy at all: empty only when
+    # every address answered (a new cluster), refused when one may hold the metadata
+    with pytest.raises(Unavailable, match="record no metadata replica set"):
+        choose_copy({"3": _copy(4, [], 0)}, [], "1", force=False)
+    assert choose_copy({}, [], "1", force=False) is None
+    with pytest.raises(Unavailable, match=r"127\.0\.0\.1:1"):
+        choose_copy({}, ["127.0.0.1:1"], "1", force=False)
+
+
+async def test_recovery_refuses_a_copy_dropped_from_the_replica_set(clusters: Any) -> None:
+    """Broker 3 dies and is dropped from the metadata replica set ({1, 2} decided on broker
+    2); the coordinator's disk is then lost.  Recovering from broker 3 alone (its copy is
+    behind) is refused with the members not reached; forced, it takes that copy and says so."""
+    processes = clusters(3, replication_factor=1, extra_args=[*META3, *REPLICA_TIMEOUT_ARGS])
+    coordinator, _second, third = processes
+    wait_until(lambda: _metadata(coordinator)["under_replicated"] == 0, "two metadata copies")
+    backend = backend_for(coordinator.url)
+    try:
+        await backend.create_topic("before", shard_ranges(1))
+        third.kill()
+        await backend.create_topic("after", shard_ranges(1))  # decided on 1 and 2 only
+    finally:
+        await backend.close()
+    assert _metadata(coordinator)["replicas"] == ["1", "2"]
+    coordinator.kill()
+    shutil.rmtree(coordinator.data_dir)
+    third.restart()
+    argv = list(coordinator.argv)
+    coordinator.argv = [*argv, "--recover-metadata-from", third.url]
+    with pytest.raises(ServiceError, match=r"2.*did not answer"):
+        coordinator.restart()
+    coordinator.argv = [*argv, "--recover-metadata-from", third.url]
+    coordinator.argv.append("--force-unclean-metadata-recovery")
+    coordinator.restart()
+    assert request(coordinator, "list_topics")["topics"] == ["before"]
+    assert "UNCLEAN METADATA RECOVERY" in coordinator.log_path.read_text()
