@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 from ng_harness import backend_for, broker_metrics, read_until
 from test_ng_cluster import REPLICA_TIMEOUT_ARGS, request, wait_until
+from typer.testing import CliRunner
 
+from backends.northguard import cli
 from backends.northguard.broker.metadata_replication import MetadataCopy, choose_copy
 from backends.northguard.broker.placement import BrokerInfo
 from backends.northguard.broker.state import MetadataState
@@ -265,3 +267,41 @@ async def test_recovery_refuses_a_copy_dropped_from_the_replica_set(clusters: An
     coordinator.restart()
     assert request(coordinator, "list_topics")["topics"] == ["before"]
     assert "UNCLEAN METADATA RECOVERY" in coordinator.log_path.read_text()
+
+
+async def test_a_metadata_policy_places_copies_on_distinct_racks(clusters: Any) -> None:
+    """``--metadata-policy``: the journal's copies go where a storage policy says (three
+    distinct racks: brokers 1, 3 and 4, never 2, which shares broker 1's rack).  Until the
+    policy is defined the count shorthand applies and the status says why; a rack lost
+    with no other broker on a third rack leaves the ops decided on two copies, and
+    ``cluster_status`` and ``xinfra northguard status`` say why."""
+    racks = [{"rack": "r1"}, {"rack": "r1"}, {"rack": "r2"}, {"rack": "r3"}]
+    processes = clusters(
+        4,
+        replication_factor=1,
+        attributes=racks,
+        extra_args=["--metadata-policy", "meta-racks", *REPLICA_TIMEOUT_ARGS],
+    )
+    coordinator, fourth = processes[0], processes[3]
+    undefined = _metadata(coordinator)
+    assert undefined["replicas"] == ["1"] and "'meta-racks' is not defined" in undefined["reason"]
+    policy = {"name": "meta-racks", "constraints": [{"expression": "*", "count": 3}]}
+    request(coordinator, "create_policy", policy={**policy, "distinct_by": "rack"})
+    wait_until(lambda: _metadata(coordinator)["under_replicated"] == 0, "copies on three racks")
+    placed = _metadata(coordinator)
+    assert sorted(placed["replicas"]) == ["1", "3", "4"] and placed["reason"] is None
+    assert placed["policy"]["name"] == "meta-racks" and placed["replication_factor"] == 3
+
+    fourth.kill()
+    backend = backend_for(coordinator.url)
+    try:
+        await backend.create_topic("two-racks", shard_ranges(1))  # decided on 1 and 3
+    finally:
+        await backend.close()
+    short = _metadata(coordinator)
+    assert short["replicas"] == ["1", "3"] and short["under_replicated"] == 1
+    assert "distinct 'rack'" in short["reason"]
+    text = CliRunner().invoke(cli.app, ["status", "--bootstrap", coordinator.url])
+    assert text.exit_code == 0, text.output
+    assert "metadata copies short: storage policy 'meta-racks'" in text.output
+    assert "on 1,3 (short 1" in text.output

@@ -173,8 +173,6 @@ class MetadataReplicas:
         policy = self.policy(state)
         snapshot: dict[str, Any] | None = None
         self.reason = None
-        if self.policy_name is not None and self.policy_name not in state.policies:
-            self.reason = f"metadata policy {self.policy_name!r} is not defined; copies by count"
         while True:
             try:
                 target = choose_additional_replica(
@@ -183,7 +181,7 @@ class MetadataReplicas:
             except InvalidRequest:  # met
                 return
             except Unavailable as unmet:
-                self.reason = str(unmet)
+                self.reason = unmet.message
                 return
             snapshot = snapshot or state.to_json()
             error = await self._send(target, "meta_install", state=snapshot)
@@ -215,12 +213,15 @@ class MetadataReplicas:
         """For ``cluster_status``: the policy, the copies, the shortfall and why."""
         policy = self.policy(state)
         short = missing_replicas(policy, self._current())
+        reason = self.reason if short else None
+        if self.policy_name is not None and self.policy_name not in state.policies:
+            reason = f"metadata policy {self.policy_name!r} is not defined; copies by count"
         return {
             "policy": policy.to_json() if self.policy_name is not None else None,
             "replication_factor": policy.replicas,
             "replicas": [self._membership.me.broker_id, *self.holders],
             "under_replicated": short,
-            "reason": self.reason if short or self.reason else None,
+            "reason": reason,
             "replaced": self.replaced,
         }
 

@@ -263,9 +263,11 @@ def choose_additional_replica(
             and (key is None or b.attributes.get(key) not in taken | {None})
         ]
         if not eligible:
+            values = sorted(v for v in taken if v is not None)
+            distinct = "" if key is None else f" with a distinct {key!r} (taken: {values})"
             raise Unavailable(
                 f"storage policy {policy.name!r}: no live broker outside {sorted(held)} matches "
-                f"{constraint.expression!r}"
+                f"{constraint.expression!r}{distinct}"
             )
         eligible.sort(key=lambda b: (load.get(b.broker_id, ()), b.broker_id))
         return eligible[0].broker_id
