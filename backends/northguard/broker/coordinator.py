@@ -285,6 +285,12 @@ class Coordinator:
         unfinished = self._unfinished_seals()
         if unfinished:  # one journal write for all; none after a clean stop
             await self._commit_many(unfinished)
+        lost = self._lost_sealed_replicas()
+        if lost:  # the metadata must not name this broker for them: healing copies them back
+            log.warning("%d sealed segments lost their replica here; re-replicating", len(lost))
+            await self._commit(
+                {"op": "drop_replica", "broker_id": self._me.broker_id, "segment_ids": lost}
+            )
         if self.config.cluster:
             self._unfenced = {
                 meta.range_id
@@ -342,6 +348,20 @@ class Coordinator:
                 }
             )
         return ops
+
+    def _lost_sealed_replicas(self) -> list[str]:
+        """Sealed segments the metadata says this broker holds and its store does not (a lost
+        data disk, the metadata recovered from a member's copy): until the metadata says so
+        too, they count as fully replicated and are never healed."""
+        me = self._me.broker_id
+        held = {info.segment_id for info in self._store.segments()}
+        return [
+            segment.segment_id
+            for segment in self.state.segments.values()
+            if segment.state is State.SEALED
+            and me in segment.replicas
+            and segment.segment_id not in held
+        ]
 
     async def stop(self) -> None:
         if self._maintenance is not None:
