@@ -269,9 +269,13 @@ def status(
     metadata = result.get("metadata")
     if metadata is not None:
         policy = metadata.get("policy")
+        rule = (
+            f"policy {_policy_line(policy)}"
+            if policy
+            else f"replication factor {metadata['replication_factor']}"
+        )
         typer.echo(
-            f"metadata: {'policy ' + _policy_line(policy) if policy else 'replication factor'} "
-            f"{metadata['replication_factor']} copies, on {','.join(metadata['replicas'])} "
+            f"metadata: {rule}; copies on {','.join(metadata['replicas'])} "
             f"(short {metadata['under_replicated']}, replaced {metadata['replaced']})"
         )
         if metadata.get("reason"):

@@ -304,7 +304,7 @@ async def test_a_metadata_policy_places_copies_on_distinct_racks(clusters: Any) 
     text = CliRunner().invoke(cli.app, ["status", "--bootstrap", coordinator.url])
     assert text.exit_code == 0, text.output
     assert "metadata copies short: storage policy 'meta-racks'" in text.output
-    assert "on 1,3 (short 1" in text.output
+    assert "copies on 1,3 (short 1" in text.output
 
 
 async def test_sealed_segments_on_a_lost_coordinator_disk_are_re_replicated(

@@ -41,16 +41,19 @@ excepted) answered with a copy; else refuse, naming the members that did not.
 Why it is enough: every op acknowledged while S was the set is on every member
 of S; a newer set S' would have been recorded on every member of S' before
 any op decided under it was acknowledged, and S' keeps at least one member of
-S unless every copy failed at once, so some member of S that answered would
-hold S' and S would not be the newest.  Why less is not: one member of S that
-answered may itself have been dropped by a set recorded only on the members
-that did not answer (it cannot know), and a copy that records no set cannot
-show it is current.  A copy outside S is behind S's members by construction.
-Not covered, and no rule over the copies could be: ops decided while the set
-was the coordinator alone (every copy failed and no live broker could replace
-one; ``cluster_status`` shows it as ``under_replicated``) exist only on its
-disk.  ``--force-unclean-metadata-recovery`` takes the most complete copy that
-answered anyway, with a loud log line; decided ops may be lost.  The whole
+S unless every member copy of S failed at once, so some member of S that
+answered would hold S' and S would not be the newest.  Why less is not (the
+"one current member of S answered" shortcut): a member of S that answered may
+itself have been dropped by a set recorded only on the members that did not
+answer, and nothing on its disk can tell it; a copy that records no set
+cannot show it is current either.  A copy outside S is behind S's members by
+construction.  Not covered, and no rule over the copies could be: when every
+member copy fails at once, what is decided next is on the coordinator's
+journal alone (then on replacements a recovery may not reach), and the old
+copies still agree on their set; ``cluster_status`` shows such a window as
+``under_replicated``.  ``--force-unclean-metadata-recovery`` takes the most
+complete copy that answered anyway, with a loud log line; decided ops may be
+lost.  The whole
 state travels in one control message, so it must fit ``JSON_BYTES_MAX`` (1 MiB,
 a few thousand segments); chunked transfer is left for the sharded metadata issue.
 """
