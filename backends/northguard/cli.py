@@ -111,7 +111,20 @@ def broker(
     recover_metadata_from: str = typer.Option(
         "",
         help="Comma-separated member addresses: a coordinator whose journal is empty (a lost "
-        "disk) rebuilds it from the most complete member copy among them.",
+        "disk) rebuilds it from the most complete member copy among them, refusing to start "
+        "when a member of the newest metadata replica set recorded among them did not answer.",
+    ),
+    metadata_policy: str = typer.Option(
+        "",
+        help="Storage policy (defined with `policies create`) placing the coordinator's "
+        "metadata copies, e.g. distinct racks; until it is defined, "
+        "--metadata-replication-factor applies. Empty: that factor alone.",
+    ),
+    force_unclean_metadata_recovery: bool = typer.Option(
+        False,
+        "--force-unclean-metadata-recovery",
+        help="With --recover-metadata-from: take the most complete copy reached even when the "
+        "rule refuses it (it may be behind: decided metadata ops may be lost).",
     ),
     replica_timeout_s: float = typer.Option(
         5.0, help="A follower that does not acknowledge a replicated append in this time fails."
@@ -183,6 +196,8 @@ def broker(
         replication_factor=replication_factor,
         metadata_replication_factor=metadata_replication_factor,
         recover_metadata_from=tuple(a for a in recover_metadata_from.split(",") if a),
+        metadata_policy=metadata_policy or None,
+        force_unclean_metadata_recovery=force_unclean_metadata_recovery,
         replica_timeout_s=replica_timeout_s,
         heartbeat_s=heartbeat_s,
         broker_timeout_s=broker_timeout_s,
@@ -253,11 +268,18 @@ def status(
         )
     metadata = result.get("metadata")
     if metadata is not None:
-        typer.echo(
-            f"metadata: replication factor {metadata['replication_factor']}, copies on "
-            f"{','.join(metadata['replicas'])} (short {metadata['under_replicated']}, "
-            f"replaced {metadata['replaced']})"
+        policy = metadata.get("policy")
+        rule = (
+            f"policy {_policy_line(policy)}"
+            if policy
+            else f"replication factor {metadata['replication_factor']}"
         )
+        typer.echo(
+            f"metadata: {rule}; copies on {','.join(metadata['replicas'])} "
+            f"(short {metadata['under_replicated']}, replaced {metadata['replaced']})"
+        )
+        if metadata.get("reason"):
+            typer.echo(f"  metadata copies short: {metadata['reason']}")
     under = result["under_replicated"]
     typer.echo(
         f"under-replicated: {result['under_replicated_total']}"

@@ -19,7 +19,7 @@ from backends.northguard.backend import NorthguardBackend
 from backends.northguard.broker.server import Broker, BrokerConfig
 from backends.northguard.launcher import NorthguardProcess
 from backends.northguard.protocol import Frame, MsgType
-from xinfra.backend import ShardReader
+from xinfra.backend import Backend, ShardReader
 from xinfra.model import ClusterKind, ConsumedRecord, PhysicalCluster
 
 WAIT_S = 30.0
@@ -126,3 +126,28 @@ def mounted_tmpfs(path: Path, size_bytes: int) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
+
+
+async def assert_read_back(
+    backend: Backend,
+    topic: str,
+    shard: int,
+    acknowledged: list[tuple[int, bytes]],
+    skip: int = 0,
+) -> None:
+    """Every acknowledged (offset, value) of ``shard`` is read back once, at its offset, and in
+    send order: the check after each fault under keyed produce, whose values end in
+    ``:<send number>``.  ``skip``: leading records of the shard written by something else."""
+    reader = backend.reader(topic)
+    reader.assign({shard: 0})
+    end = max(offset for offset, _ in acknowledged) + 1
+    got = await read_until(reader, end, timeout_s=60)
+    await reader.close()
+    stored = {record.offset: record.value for record in got}
+    assert [r.offset for r in got] == list(range(len(got)))
+    for offset, value in acknowledged:
+        assert stored[offset] == value, f"acknowledged offset {offset} lost or changed"
+    values = [r.value or b"" for r in got[skip:]]
+    assert len(values) == len(set(values)), "a record was stored twice"
+    numbers = [int(value.split(b":")[1]) for value in values]
+    assert numbers == sorted(numbers), "records out of send order"

@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ng_harness import WAIT_S, RawClient, backend_for, broker_metrics, read_until
+from ng_harness import (
+    WAIT_S,
+    RawClient,
+    assert_read_back,
+    backend_for,
+    broker_metrics,
+    read_until,
+)
 from typer.testing import CliRunner
 
 from backends.northguard import cli, credentials, protocol, tls
@@ -221,20 +228,10 @@ async def keyed_produce_through(
     assert failures == []
     await producer.close()
 
-    reader = backend.reader(topic)
-    reader.assign({0: 0})
-    end = max(offset for offset, _ in acknowledged) + 1
-    got = await read_until(reader, end, timeout_s=60)
-    await reader.close()
-    await backend.close()
-    stored = {record.offset: record.value for record in got}
-    assert [r.offset for r in got] == list(range(len(got)))
-    for offset, value in acknowledged:
-        assert stored[offset] == value, f"acknowledged offset {offset} lost or changed"
-    values = [r.value for r in got]
-    assert len(values) == len(set(values)), "a record was stored twice"
-    numbers = [int(value.split(b":")[1]) for value in values]
-    assert numbers == sorted(numbers), "records out of send order"
+    try:
+        await assert_read_back(backend, topic, 0, acknowledged)
+    finally:
+        await backend.close()
     segments = request(coordinator, "segment_metadata", name=topic, range_id=1)["segments"]
     hit = next(s for s in segments if s["segment_id"] == active["segment_id"])
     assert hit["state"] == "sealed"

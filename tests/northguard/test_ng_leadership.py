@@ -21,7 +21,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from ng_harness import WAIT_S, RawClient, backend_for, broker_metrics, read_until
+from ng_harness import (
+    WAIT_S,
+    RawClient,
+    assert_read_back,
+    backend_for,
+    broker_metrics,
+    read_until,
+)
 from test_ng_cluster import REPLICA_TIMEOUT_ARGS, checksums, request
 
 from backends.northguard import protocol
@@ -245,20 +252,10 @@ async def keyed_produce_through_leader_kill(
     assert failures == []
     await producer.close()
 
-    reader = backend.reader(topic)
-    reader.assign({shard: 0})
-    end = max(offset for offset, _ in acknowledged) + 1
-    got = await read_until(reader, end, timeout_s=60)
-    await reader.close()
-    await backend.close()
-    stored = {record.offset: record.value for record in got}
-    assert [r.offset for r in got] == list(range(len(got)))
-    for offset, value in acknowledged:
-        assert stored[offset] == value, f"acknowledged offset {offset} lost or changed"
-    values = [r.value for r in got[1:]]  # after the first record of _touch_every_range
-    assert len(values) == len(set(values)), "a record was stored twice"
-    numbers = [int(value.split(b":")[1]) for value in values]
-    assert numbers == sorted(numbers), "records out of send order"
+    try:  # after the first record of _touch_every_range
+        await assert_read_back(backend, topic, shard, acknowledged, skip=1)
+    finally:
+        await backend.close()
     segments = request(coordinator, "segment_metadata", name=topic, range_id=range_id)["segments"]
     hit = next(s for s in segments if s["segment_id"] == active["segment_id"])
     assert hit["state"] == "sealed"

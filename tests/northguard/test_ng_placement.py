@@ -22,6 +22,7 @@ from backends.northguard.broker.placement import (
     StoragePolicy,
     choose_additional_replica,
     choose_replicas,
+    missing_replicas,
     with_replication_factor,
 )
 from xinfra.errors import InvalidRequest, Unavailable
@@ -111,3 +112,16 @@ def test_a_joining_broker_takes_its_share_of_new_segments() -> None:
           f"{follower_skew():.3f} after 1000 more segments; new broker share {shares['6'] / average:.3f}x")  # fmt: skip
     assert abs(shares["6"] - average) <= 0.2 * average, shares
     assert all(stored[b] >= stored_before[b] for b in stored_before), "nothing is ever moved"
+
+
+def test_missing_replicas_counts_what_a_set_lacks_under_the_policy() -> None:
+    """The shortfall the metadata copies report: per constraint, brokers of the set that match
+    it (and no earlier one), with distinct values where the policy asks."""
+    spread = StoragePolicy("spread", constraints=(Constraint("*", 3),), distinct_by="rack")
+    r1, r2, r3, r1b = RACKS[0], RACKS[1], RACKS[2], RACKS[3]
+    assert missing_replicas(spread, [r1, r2, r3]) == 0
+    assert missing_replicas(spread, [r1, r1b, r2]) == 1  # two on r1 count once
+    assert missing_replicas(spread, []) == 3
+    pinned = StoragePolicy("pinned", constraints=(Constraint("rack=r1", 1), Constraint("*", 1)))
+    assert missing_replicas(pinned, [r2]) == 1  # r2 fills "*", nothing fills rack=r1
+    assert missing_replicas(pinned, [r2, r1]) == 0

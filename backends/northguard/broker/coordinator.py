@@ -182,6 +182,10 @@ class CoordinatorConfig:
     """Copies of the metadata journal: this broker's and N - 1 live members' (1: only here)."""
     recover_metadata_from: list[str] = field(default_factory=list)
     """Members' addresses to rebuild an empty journal from (``metadata_replication.recover``)."""
+    metadata_policy: str | None = None
+    """The storage policy placing the journal's copies (None: ``metadata_replication_factor``)."""
+    force_unclean_metadata_recovery: bool = False
+    """Recover from the most complete copy reached even when it may be behind (loudly)."""
 
 
 class Coordinator:
@@ -219,7 +223,7 @@ class Coordinator:
         self._me = BrokerInfo(config.broker_id, config.attributes)
         self.membership = Membership(runtime, self._me, "", config.broker_timeout_s)
         self.metadata_replicas = MetadataReplicas(
-            config.metadata_replication_factor, self.membership
+            config.metadata_replication_factor, self.membership, journal, config.metadata_policy
         )
         self.metadata_copy: MetadataCopy | None = None  # a member's copy of the journal
         self.metadata_recovered = False  # this start rebuilt the journal from a member's copy
@@ -255,7 +259,11 @@ class Coordinator:
         if not snapshot and not ops and self.config.recover_metadata_from:
             assert self.peers is not None, "recovery needs the peer connections"
             recovered = await recover(
-                self.peers, self.config.recover_metadata_from, self._journal, self.membership
+                self.peers,
+                self.config.recover_metadata_from,
+                self._journal,
+                self.membership,
+                self.config.force_unclean_metadata_recovery,
             )
             if recovered is None:
                 log.error("metadata recovery: no member holds a copy; starting empty")
@@ -277,6 +285,12 @@ class Coordinator:
         unfinished = self._unfinished_seals()
         if unfinished:  # one journal write for all; none after a clean stop
             await self._commit_many(unfinished)
+        lost = self._lost_sealed_replicas()
+        if lost:  # the metadata must not name this broker for them: healing copies them back
+            log.warning("%d sealed segments lost their replica here; re-replicating", len(lost))
+            await self._commit(
+                {"op": "drop_replica", "broker_id": self._me.broker_id, "segment_ids": lost}
+            )
         if self.config.cluster:
             self._unfenced = {
                 meta.range_id
@@ -334,6 +348,20 @@ class Coordinator:
                 }
             )
         return ops
+
+    def _lost_sealed_replicas(self) -> list[str]:
+        """Sealed segments the metadata says this broker holds and its store does not (a lost
+        data disk, the metadata recovered from a member's copy): until the metadata says so
+        too, they count as fully replicated and are never healed."""
+        me = self._me.broker_id
+        held = {info.segment_id for info in self._store.segments()}
+        return [
+            segment.segment_id
+            for segment in self.state.segments.values()
+            if segment.state is State.SEALED
+            and me in segment.replicas
+            and segment.segment_id not in held
+        ]
 
     async def stop(self) -> None:
         if self._maintenance is not None:
@@ -532,8 +560,9 @@ class Coordinator:
                             StorageError(f"metadata journal: {error}; {pending.op['op']} not made")
                         )
                     continue
-                if self.metadata_replicas.factor > 1:  # before applying: state is the base
-                    await to_completion(
+                recorded: list[dict[str, Any]] = []
+                if self.metadata_replicas.active:  # before applying: state is the base
+                    recorded = await to_completion(
                         self.metadata_replicas.replicate([p.op for p in accepted], self.state)
                     )
                 self.journal_writes += 1
@@ -547,11 +576,19 @@ class Coordinator:
                         continue
                     self._ops_since_snapshot.append(pending.op)
                     pending.done.set_result(None)
+                self._apply_recorded(recorded)
             snapshot_ops_max = self.config.snapshot_ops_max or JOURNAL_OPS_MAX
             if len(self._ops_since_snapshot) >= snapshot_ops_max and (
                 self._snapshotter is None or self._snapshotter.done()
             ):
                 self._snapshotter = asyncio.create_task(self._snapshot(), name="ng-snapshot")
+
+    def _apply_recorded(self, ops: list[dict[str, Any]]) -> None:
+        """Apply the metadata replica set changes ``MetadataReplicas.replicate`` made durable."""
+        for op in ops:
+            self.state.apply(op)
+            self._ops_since_snapshot.append(op)
+        self.journal_ops += len(ops)
 
     def _touches(self, op: dict[str, Any]) -> set[tuple[str, Any]] | None:
         """The topics, ranges and segments ``op`` changes; None when it may change any range
@@ -1365,7 +1402,7 @@ class Coordinator:
             "segments_total": len(self.state.segments),
             "under_replicated": under[:STATUS_SEGMENTS_MAX],
             "under_replicated_total": len(under),
-            "metadata": self.metadata_replicas.describe(),
+            "metadata": self.metadata_replicas.describe(self.state),
         }
 
     # -- maintenance: age limits and retention -----------------------------------------------------
@@ -1551,9 +1588,9 @@ class Coordinator:
         self.heal()
         self._check_leaders()
         copies = self.metadata_replicas
-        if copies.factor > 1 and len(copies.holders) < copies.factor - 1:
+        if copies.active and copies.short(self.state):
             async with self._commit_lock:  # the state at its last decided op, nothing in flight
-                await copies.replicate([], self.state)
+                self._apply_recorded(await copies.replicate([], self.state))
         now_s = self._runtime.monotonic_s()
         if (
             self.peers is not None

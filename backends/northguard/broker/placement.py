@@ -207,6 +207,32 @@ def with_replication_factor(policy: StoragePolicy, factor: int) -> StoragePolicy
     return policy
 
 
+def missing_replicas(policy: StoragePolicy, current: Sequence[BrokerInfo]) -> int:
+    """Replicas ``current`` lacks to satisfy ``policy`` (0: satisfied): per constraint, the count
+    less the brokers of ``current`` that match it and no earlier constraint, with distinct
+    values of ``distinct_by`` where the policy asks."""
+    used: set[str] = set()
+    taken: set[str] = set()
+    key = policy.distinct_by
+    missing = 0
+    for constraint in policy.constraints:
+        matched = 0
+        for broker in current:
+            if matched == constraint.count:
+                break
+            if broker.broker_id in used or not constraint.matches(broker.attributes):
+                continue
+            if key is not None:
+                value = broker.attributes.get(key)
+                if value is None or value in taken:
+                    continue
+                taken.add(value)
+            used.add(broker.broker_id)
+            matched += 1
+        missing += constraint.count - matched
+    return missing
+
+
 def choose_additional_replica(
     policy: StoragePolicy,
     brokers: Sequence[BrokerInfo],
@@ -237,9 +263,11 @@ def choose_additional_replica(
             and (key is None or b.attributes.get(key) not in taken | {None})
         ]
         if not eligible:
+            values = sorted(v for v in taken if v is not None)
+            distinct = "" if key is None else f" with a distinct {key!r} (taken: {values})"
             raise Unavailable(
                 f"storage policy {policy.name!r}: no live broker outside {sorted(held)} matches "
-                f"{constraint.expression!r}"
+                f"{constraint.expression!r}{distinct}"
             )
         eligible.sort(key=lambda b: (load.get(b.broker_id, ()), b.broker_id))
         return eligible[0].broker_id

@@ -92,6 +92,8 @@ class BrokerConfig:
     peer_tls_ca: Path | None = None  # CA of the peers' certificates (TLS ports); None: system's
     metadata_replication_factor: int = 1  # copies of the coordinator's journal (1: its own only)
     recover_metadata_from: tuple[str, ...] = ()  # members to rebuild an empty journal from
+    metadata_policy: str | None = None  # storage policy placing the copies; None: the factor
+    force_unclean_metadata_recovery: bool = False  # recover from a copy that may be behind
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -108,6 +110,11 @@ class BrokerConfig:
             self.cluster = True
         if not 1 <= self.metadata_replication_factor <= 16:
             raise ValueError("metadata_replication_factor is in 1..16")
+        if self.metadata_policy is not None and self.metadata_replication_factor > 1:
+            raise ValueError(
+                "metadata_policy and metadata_replication_factor > 1 are two ways to say where "
+                "the journal's copies live; give one"
+            )
         if self.recover_metadata_from and not self.cluster:
             raise ValueError(
                 "recover_metadata_from is for the coordinator of a cluster (--cluster)"
@@ -150,6 +157,8 @@ class Broker:
                 cluster=config.cluster,
                 metadata_replication_factor=config.metadata_replication_factor,
                 recover_metadata_from=list(config.recover_metadata_from),
+                metadata_policy=config.metadata_policy,
+                force_unclean_metadata_recovery=config.force_unclean_metadata_recovery,
             ),
         )
         self.peers: PeerPool | None = None

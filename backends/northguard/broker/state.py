@@ -81,6 +81,12 @@ class MetadataState:
     applied_seq: int = 0  # the journal sequence number of the last applied op
     policies: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Storage policies administrators defined, by name, as checked JSON (``placement``)."""
+    metadata_replicas: list[str] = field(default_factory=list)
+    """The brokers holding a copy of this journal, the coordinator first (empty: never
+    recorded); changed only by ``metadata_replicas`` ops (``metadata_replication``)."""
+    metadata_replicas_seq: int = 0
+    """The op that recorded ``metadata_replicas``: the newest set among copies is the one
+    with the highest (recovery's rule)."""
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -172,6 +178,20 @@ class MetadataState:
         assert policy["name"] not in self.policies
         self.policies[policy["name"]] = policy
 
+    def _apply_metadata_replicas(self, op: dict[str, Any]) -> None:
+        """The set of copies of this journal changed (a copy failed, or one was added)."""
+        self.metadata_replicas = [str(b) for b in op["replicas"]]
+        self.metadata_replicas_seq = int(op["seq"])
+
+    def _apply_drop_replica(self, op: dict[str, Any]) -> None:
+        """A broker no longer holds these sealed segments (its disk was lost): re-replication
+        brings them back to their policy's count."""
+        for sid in op["segment_ids"]:
+            segment = self.segments.get(sid)
+            if segment is not None and op["broker_id"] in segment.replicas:
+                assert segment.state is State.SEALED, "only sealed segments lose a replica"
+                segment.replicas.remove(op["broker_id"])
+
     def _apply_add_replica(self, op: dict[str, Any]) -> None:
         """Re-replication: a broker now holds a full, checked copy of a sealed segment."""
         segment = self.segments[op["segment_id"]]
@@ -235,11 +255,18 @@ class MetadataState:
             "next_range_id": self.next_range_id,
             "applied_seq": self.applied_seq,
             "policies": list(self.policies.values()),
+            "metadata_replicas": list(self.metadata_replicas),
+            "metadata_replicas_seq": self.metadata_replicas_seq,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> MetadataState:
-        state = cls(next_range_id=data["next_range_id"], applied_seq=data["applied_seq"])
+        state = cls(
+            next_range_id=data["next_range_id"],
+            applied_seq=data["applied_seq"],
+            metadata_replicas=list(data.get("metadata_replicas", [])),  # absent from older ones
+            metadata_replicas_seq=int(data.get("metadata_replicas_seq", 0)),
+        )
         for policy in data.get("policies", []):  # absent from snapshots made before policies
             state.policies[policy["name"]] = dict(policy)
         for t in data["topics"]:
