@@ -61,5 +61,14 @@ async def test_a_range_with_no_active_segment_is_read_within_one_request_timeout
             got = await read_until(reader, RECORDS, timeout_s=REQUEST_TIMEOUT_S)
             await reader.close()
             assert [r.value for r in got] == [b"%d-%d" % (shard, n) for n in range(RECORDS)]
+
+        # the ranges go on: a first append reaching the coordinator opens the next segment
+        # (led by a live replica of the last, elsewhere: not_leader, and the producer follows)
+        producer = backend.producer("sealed", ProducerOptions(linger_ms=1))
+        offsets = await asyncio.gather(
+            *(producer.send(s, [Record(value=b"%d-%d" % (s, RECORDS))]) for s in range(2))
+        )
+        await producer.close()
+        assert offsets == [[RECORDS], [RECORDS]]
     finally:
         await backend.close()
