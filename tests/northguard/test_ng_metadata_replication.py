@@ -333,9 +333,6 @@ async def test_sealed_segments_on_a_lost_coordinator_disk_are_re_replicated(
     assert len(sealed) == 2 and all(sorted(s["replicas"]) == ["1", "2", "3"] for s in sealed)
     before = {s["segment_id"]: set(checksums(processes, s).values()) for s in sealed}
     assert all(len(sums) == 1 for sums in before.values())
-    # one more record each: the ranges go on in an active segment (a range whose last segment
-    # is sealed and led by a member is not read through it; not this test's subject)
-    await _produce(coordinator.url, "healed", 2, 15, 1)
 
     coordinator.kill()
     shutil.rmtree(coordinator.data_dir)
@@ -358,4 +355,4 @@ async def test_sealed_segments_on_a_lost_coordinator_disk_are_re_replicated(
         return True
 
     wait_until(healed, "sealed segments back on three brokers, byte-identical")
-    await _read_all(coordinator.url, "healed", 2, 16)
+    await _read_all(coordinator.url, "healed", 2, 15)

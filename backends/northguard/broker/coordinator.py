@@ -1285,12 +1285,16 @@ class Coordinator:
 
     def _leader_of(self, meta: RangeMeta) -> str:
         """The broker clients stream to for the range: its active segment's leader; without
-        one, the last segment's leader while it is live (it holds that segment), else this one."""
+        one, this one.  A member serves a range only while it leads the active segment (its
+        mirror of the range comes with ``lead_segment`` and goes with its process), and a
+        sealed segment's first replica need not have led it (a replica dropped with a lost
+        disk, a seal without a dead leader): naming it sent readers to a broker answering
+        ``not_leader`` to every reopen.  This one holds the whole range and reads a segment it
+        does not hold from a replica (``remote_read``)."""
         if meta.segments:
             last = self.state.segments[meta.segments[-1]]
-            leader = last.replicas[0] if last.replicas else self._me.broker_id
-            if last.state is State.ACTIVE or self.membership.is_live(leader):
-                return leader
+            if last.state is State.ACTIVE and last.replicas:
+                return last.replicas[0]
         return self._me.broker_id
 
     async def refresh_ends(self, name: str) -> None:
