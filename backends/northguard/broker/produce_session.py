@@ -4,7 +4,11 @@ The stream's window bounds the bytes of Appends received and not yet
 acknowledged; a client that sends past it broke the protocol and the stream
 fails with ``Backpressure``.  Acks are coalesced: every append that commits
 in one event-loop turn (one group commit) is acknowledged by one Ack frame
-that lists their base offsets and repeats the window.
+that lists their base offsets and repeats the window.  The first of their
+done-callbacks sends it (the range log resolves them all before any callback
+runs, so it finds them done; the others find nothing to add), not a
+``call_soon`` after them: one event-loop turn less between a commit and its
+Ack, a wake-up that three brokers sharing two cores paid in latency.
 
 Sequence numbers are per (producer id, range) and consecutive.  A batch
 carries its producer id, epoch and sequence in its header (``batch``); the
@@ -56,9 +60,7 @@ class ProduceSession:
         self._metrics = metrics
         self._pending: deque[tuple[int, asyncio.Future[int], int]] = deque()
         self._inflight_bytes = 0
-        self._flush_scheduled = False
         self._closed = False
-        self._loop = asyncio.get_running_loop()
         self._held: deque[tuple[int, bytes]] = deque()  # until the range's producer table loads
         self._held_bytes = 0
 
@@ -128,14 +130,9 @@ class ProduceSession:
         if self._closed:  # nobody will ack it: its failure is known, not an unseen error
             _retrieve(future)
             return
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush_acks)
+        self._flush_acks()
 
     def _flush_acks(self) -> None:
-        self._flush_scheduled = False
-        if self._closed:
-            return
         pending = self._pending
         offsets: list[int] = []
         first_seq = pending[0][0] if pending else 0

@@ -30,6 +30,17 @@ window after the first queued append, the old rule, added up to its length to
 every append of a store that had been idle: at 10k records/s, ~5 ms of the
 median.)
 
+**Segment writes.**  Acknowledged frames go to their segment files in writer
+passes (one write per segment per pass, in the thread pool), beside the
+flushes, at most one pass per ``write_pass_ms`` (50 ms; a read that needs
+frames not written yet starts one at once).  A pass after every flush cost
+the broker as much CPU as the flushes themselves (a pool hand-off and a
+small O_DIRECT write per segment, ~200 times a second at 10k records/s):
+measured on three replicated brokers sharing 2 cores, pacing the passes at
+50 ms cut the brokers' CPU per record by ~30% (the thread pool's by half)
+and the open-loop p99 with it.  What waits is only the copy to the segment
+file: every frame is durable in the WAL before it is acknowledged.
+
 **Checkpoints.**  Segment files are synced in the background of the flushes:
 every ``checkpoint_ms`` while some were written (and whenever the WAL rolls
 to a new file), a checkpoint rolls the WAL, fsyncs every segment file written
@@ -366,10 +377,13 @@ class FpsStore(SegmentStore):
         descriptors_max: int | None = None,
         checkpoint_ms: float = 1000.0,
         close_timeout_ms: float = 30_000.0,
+        write_pass_ms: float = 50.0,
     ) -> None:
         """``descriptors_max``: the bound of the segment file pool (None: derived from
         ``RLIMIT_NOFILE``; a bound not well under it raises ``ValueError`` here, at start).
-        ``close_timeout_ms``: how long ``close`` and ``crash`` wait for work in progress."""
+        ``close_timeout_ms``: how long ``close`` and ``crash`` wait for work in progress.
+        ``write_pass_ms``: the least time between two writer passes' starts (see "Segment
+        writes" in the module docstring)."""
         assert group_commit_ms >= 0 and group_commit_bytes_max > 0 and group_commit_records_max > 0
         assert queue_bytes_max >= group_commit_bytes_max and index_interval_bytes > 0
         self._runtime = runtime
@@ -408,6 +422,9 @@ class FpsStore(SegmentStore):
         self._unwritten: dict[str, None] = {}  # segments with pending frames, in order
         self._write_lock = asyncio.Lock()  # one writer pass at a time; seals and deletes wait
         self._write_wakeup = asyncio.Event()
+        self._write_pass_s = write_pass_ms / 1000
+        self._write_started_s = float("-inf")  # when the latest writer pass started
+        self._write_timer: asyncio.TimerHandle | None = None
         self._written_event = asyncio.Event()  # set (and replaced) after each writer pass
         self._writer: asyncio.Task[None] | None = None
         self._checkpoint_lock = asyncio.Lock()  # one checkpoint at a time; deletes wait for it
@@ -642,10 +659,10 @@ class FpsStore(SegmentStore):
         Waited for until ``deadline``: past it (a hung disk) the task goes on
         holding its lock, ``_hold`` gives up, and the release waits for it.
         """
-        for timer in (self._timer, self._checkpoint_timer):
+        for timer in (self._timer, self._checkpoint_timer, self._write_timer):
             if timer is not None:
                 timer.cancel()
-        self._timer = self._checkpoint_timer = None
+        self._timer = self._checkpoint_timer = self._write_timer = None
         tasks = [task for task in (self._flusher, self._writer) if task is not None]
         for task in tasks:
             task.cancel()
@@ -1193,7 +1210,7 @@ class FpsStore(SegmentStore):
                 request.future.set_result(entry)
             self.stats.flushed_records += request.record_count
             self.stats.flushed_bytes += len(request.batch)
-        self._write_wakeup.set()
+        self._want_write_pass()
         self.stats.flushes += 1
         self.stats.flushed_appends += len(group)
         self.stats.flush_appends_max = max(self.stats.flush_appends_max, len(group))
@@ -1213,9 +1230,28 @@ class FpsStore(SegmentStore):
         while True:
             await self._write_wakeup.wait()
             self._write_wakeup.clear()
+            self._write_started_s = self._runtime.monotonic_s()
+            if self._write_timer is not None:
+                self._write_timer.cancel()
+                self._write_timer = None
             if self._failure is None:
                 with contextlib.suppress(StorageError):  # fail-stop, logged by _fail
                     await self._write_pending()
+
+    def _want_write_pass(self) -> None:
+        """A flush acknowledged frames: a writer pass at once if none started within
+        ``write_pass_ms``, else when that much time has passed since the last one started."""
+        if self._write_timer is not None or self._write_wakeup.is_set():
+            return
+        wait_s = self._write_started_s + self._write_pass_s - self._runtime.monotonic_s()
+        if wait_s <= 0:
+            self._write_wakeup.set()
+        else:
+            self._write_timer = self._runtime.call_later(wait_s, self._on_write_timer)
+
+    def _on_write_timer(self) -> None:
+        self._write_timer = None
+        self._write_wakeup.set()
 
     async def _write_pending(self) -> None:
         """Write every acknowledged frame not yet in its segment file (one pass, ``_write_lock``).
