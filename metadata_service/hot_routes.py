@@ -173,6 +173,21 @@ class HotRoutes:
             return None
         return HotRequest(commit, match[1], match[2], path, principal, time.perf_counter())
 
+    def commit_direct(
+        self, path: str, authorization: str | None, body: bytes, respond: Respond
+    ) -> bool:
+        """A whole commit request the protocol parsed itself (``server.direct_commit``), answered
+        as ``begin`` then ``finish`` answer one; False, with no side effect, when they would
+        leave it to ASGI (the protocol then feeds it to its parser as it came)."""
+        match = _COMMIT_PATH.fullmatch(path)
+        if match is None or len(body) > self.body_bytes_max:
+            return False
+        principal = self.tokens.authenticate_cached(authorization)
+        if principal is None or not principal.can_read(match[1]):
+            return False
+        request = HotRequest(True, match[1], match[2], path, principal, time.perf_counter())
+        return self._commit(request, body, respond)
+
     def finish(self, request: HotRequest, body: bytes, respond: Respond) -> bool:
         """Answer ``request`` through ``respond`` (now or once durable); False: ASGI answers."""
         if request.commit:

@@ -33,7 +33,7 @@ from sqlalchemy.exc import OperationalError
 
 from metadata_service import ServiceConfig, create_app
 from metadata_service.hot_routes import _COMMIT_PATH, _READ_PATH
-from metadata_service.server import prepare_process, uvicorn_config
+from metadata_service.server import direct_commit, prepare_process, uvicorn_config
 from xinfra.model import NAME_PATTERN
 from xinfra.services.ports import free_port
 
@@ -60,6 +60,7 @@ class Live:
     port: int
     app: Any
     counting: CountingApp
+    server: uvicorn.Server
 
     def connect(self) -> socket.socket:
         return socket.create_connection(("127.0.0.1", self.port), timeout=TIMEOUT_S)
@@ -80,7 +81,7 @@ def live(config: ServiceConfig) -> Iterator[Live]:
         assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
         time.sleep(0.02)
     try:
-        yield Live(f"http://127.0.0.1:{port}", port, app, counting)
+        yield Live(f"http://127.0.0.1:{port}", port, app, counting, server)
     finally:
         server.should_exit = True
         thread.join(15)
@@ -111,6 +112,24 @@ def read_response(sock: socket.socket) -> Response:
         assert chunk, "closed inside a body"
         body += chunk
     return Response(int(lines[0].split()[1]), headers, body)
+
+
+def read_responses(sock: socket.socket, count: int) -> list[Response]:
+    """``count`` answers read whole from ``sock`` (``read_response`` drops bytes past its one)."""
+    with sock.makefile("rb") as stream:
+        answers = []
+        for _ in range(count):
+            lines = []
+            while (line := stream.readline()) not in (b"\r\n", b""):
+                lines.append(line.rstrip(b"\r\n"))
+            assert lines, "closed before a whole head"
+            headers = {}
+            for header in lines[1:]:
+                name, _, value = header.partition(b":")
+                headers[name.strip().lower()] = value.strip()
+            body = stream.read(int(headers.get(b"content-length", b"0")))
+            answers.append(Response(int(lines[0].split()[1]), headers, body))
+        return answers
 
 
 def request(
@@ -546,3 +565,108 @@ def test_the_hot_paths_take_exactly_the_names_the_routers_take(name: str) -> Non
         assert (read is not None, commit is not None) == (valid, valid)
         if read is not None:
             assert (read[1], read[2]) == (vc, other)
+
+
+DIRECT_BODY = b'{"positions": []}'
+DIRECT_HEAD = (
+    b"POST /v1/vclusters/default/groups/g/commit HTTP/1.1\r\nHost: x\r\n"
+    b"Authorization: Bearer xt_t\r\nContent-Type: application/json\r\n"
+)
+
+
+def direct(extra: bytes = b"", length: int = len(DIRECT_BODY), tail: bytes = b"") -> bytes:
+    return DIRECT_HEAD + extra + b"Content-Length: %d\r\n\r\n" % length + DIRECT_BODY + tail
+
+
+def test_a_whole_plain_commit_request_is_parsed_directly() -> None:
+    assert direct_commit(direct()) == (
+        "/v1/vclusters/default/groups/g/commit",
+        "Bearer xt_t",
+        DIRECT_BODY,
+    )
+    no_token = direct().replace(b"Authorization: Bearer xt_t\r\n", b"")
+    assert direct_commit(no_token) == ("/v1/vclusters/default/groups/g/commit", None, DIRECT_BODY)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        direct(b"Connection: close\r\n"),  # framing and answers are httptools' and uvicorn's
+        direct(b"Expect: 100-continue\r\n"),
+        direct(b"Transfer-Encoding: chunked\r\n"),
+        direct(b"Upgrade: websocket\r\n"),
+        direct(b"X-Other: 1\r\n"),
+        direct(b"Content-Length: 17\r\n"),  # repeated
+        direct(b"Authorization: Bearer xt_u\r\n"),
+        direct(b" folded\r\n"),
+        direct(b"Accept : x\r\n"),  # a space before the colon
+        direct(b"Accept: \x01\r\n"),
+        direct(b"Accept: \xc3\xa9\r\n"),
+        direct(b"Accept: a\nb\r\n"),  # a bare LF
+        direct(b"Accept: a\rb\r\n"),
+        direct(length=len(DIRECT_BODY) + 1),  # the body is not all here
+        direct(tail=b"GET / HTTP/1.1\r\n\r\n"),  # a pipelined request behind it
+        direct().replace(b"HTTP/1.1", b"HTTP/1.0"),
+        direct().replace(b"/commit ", b"/commit?x=1 "),
+        direct().replace(b"/g/", b"/%67/"),
+        direct().replace(b"POST", b"post"),
+        direct()[:40],
+    ],
+)
+def test_anything_else_is_left_to_httptools(data: bytes) -> None:
+    assert direct_commit(data) is None
+
+
+def test_requests_behind_a_waiting_commit_are_answered_after_it_in_order(
+    served: tuple[Live, str, str],
+) -> None:
+    """A direct commit waits for its flush: a read and another commit sent behind it on the
+    same connection are answered after it, in the order they were sent."""
+    service, topic, token = served
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    path = f"/v1/vclusters/{VC}/groups/{group}/commit"
+    read = f"/v1/vclusters/{VC}/topics/{topic}/metadata"
+    engine = service.app.state.services.runtime.store.engine
+    buffer = service.app.state.groups.checkpoints.buffer
+    with service.connect() as sock:
+        assert request(sock, "POST", path, token, commit_body(topic, 0)).status == 204
+        seen = len(service.counting.requests)
+        with engine.connect() as blocker:
+            transaction = blocker.begin()
+            blocker.execute(
+                sa.text("SELECT * FROM checkpoints WHERE group_name = :g FOR UPDATE"), {"g": group}
+            )
+            body = commit_body(topic, 0, offset=0)
+            sock.sendall(
+                (
+                    f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n"
+                ).encode()
+                + body
+            )
+            deadline = time.monotonic() + TIMEOUT_S
+            while buffer.in_flight == 0:  # the flight has taken the commit and waits on MySQL
+                assert time.monotonic() < deadline, "the commit never reached a flush"
+                time.sleep(0.01)
+            later = commit_body(topic, 1)
+            sock.sendall(
+                f"GET {read} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+                + (
+                    f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                    f"Content-Length: {len(later)}\r\n\r\n"
+                ).encode()
+                + later
+            )
+            while not any(c._held for c in service.server.server_state.connections):
+                assert time.monotonic() < deadline, "the later requests were never read"
+                time.sleep(0.01)  # polls the condition; the held flush is the synchronisation
+            sock.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                sock.recv(1)  # nothing answered while the first commit's upsert waits
+            sock.setblocking(True)
+            transaction.rollback()
+        first, second, third = read_responses(sock, 3)
+        assert (first.status, second.status, third.status) == (204, 200, 204)
+        assert json.loads(second.body)["topic"]["name"] == topic
+        assert len(service.counting.requests) == seen, "a request reached the app"
+    assert checkpoint_rows(service, group) == [(topic, 0, 0, 0), (topic, 0, 1, 0)]
