@@ -228,6 +228,12 @@ class GuardedHttpToolsProtocol(_HeadTimer, HttpToolsProtocol):
         self._direct_path = ""
         self._direct_close = False
         """Close the connection once the direct commit is answered (a graceful shutdown)."""
+        self._direct_head = b"\0"
+        """The whole head (blank line included) of the last direct commit parsed on this
+        connection, with its Content-Length and target: a client sends the same head each
+        time, and a request that begins with it is parsed already."""
+        self._direct_length = 0
+        self._direct_target: tuple[str, str | None] = ("", None)
         self._held: list[bytes] = []
         """Bytes that came while a direct commit waited, fed on once it is answered."""
         super().connection_made(transport)
@@ -290,14 +296,23 @@ class GuardedHttpToolsProtocol(_HeadTimer, HttpToolsProtocol):
             )
         ):
             return False
-        parts = direct_commit(data)
-        if parts is None:
-            return False
+        head = self._direct_head
+        if data.startswith(head) and len(data) == len(head) + self._direct_length:
+            path, authorization = self._direct_target  # the head of the last one, byte for byte
+            body = data[len(head) :]
+        else:
+            parts = direct_commit(data)
+            if parts is None:
+                return False
+            path, authorization, body = parts
+            self._direct_head = data[: len(data) - len(body)]
+            self._direct_length = len(body)
+            self._direct_target = (path, authorization)
         self._unset_keepalive_if_required()
-        self._direct, self._direct_path = True, parts[0]
+        self._direct, self._direct_path = True, path
         taken = False
         try:  # answered at the earliest by the flush's callback, never inside this call
-            taken = hot.commit_direct(*parts, self._direct_reply)
+            taken = hot.commit_direct(path, authorization, body, self._direct_reply)
         finally:
             self._direct = taken
         if taken:

@@ -670,3 +670,27 @@ def test_requests_behind_a_waiting_commit_are_answered_after_it_in_order(
         assert json.loads(second.body)["topic"]["name"] == topic
         assert len(service.counting.requests) == seen, "a request reached the app"
     assert checkpoint_rows(service, group) == [(topic, 0, 0, 0), (topic, 0, 1, 0)]
+
+
+def test_a_deleted_token_commits_no_more(served: tuple[Live, str, str]) -> None:
+    """A token that committed on the hot path is refused there once deleted: its header's
+    digest is remembered, never what it named."""
+    service, topic, token = served
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    path = f"/v1/vclusters/{VC}/groups/{group}/commit"
+    with service.connect() as sock:
+        assert request(sock, "POST", path, token, commit_body(topic, 0)).status == 204
+        seen = len(service.counting.requests)
+        assert request(sock, "POST", path, token, commit_body(topic, 1)).status == 204
+        assert len(service.counting.requests) == seen, "the commit reached the app"
+    with httpx.Client(
+        base_url=service.url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30
+    ) as admin:
+        names = [t["name"] for t in admin.get("/v1/tokens").raise_for_status().json()["tokens"]]
+        for name in names:
+            if name.startswith("c-"):
+                admin.delete(f"/v1/tokens/{name}").raise_for_status()
+    with service.connect() as sock:
+        refused = request(sock, "POST", path, token, commit_body(topic, 2))
+        assert refused.status == 401
+    assert checkpoint_rows(service, group) == [(topic, 0, 0, 0), (topic, 0, 1, 0)]
