@@ -694,3 +694,20 @@ def test_a_deleted_token_commits_no_more(served: tuple[Live, str, str]) -> None:
         refused = request(sock, "POST", path, token, commit_body(topic, 2))
         assert refused.status == 401
     assert checkpoint_rows(service, group) == [(topic, 0, 0, 0), (topic, 0, 1, 0)]
+
+
+def test_a_connection_idle_after_a_direct_commit_is_closed_after_the_keep_alive(
+    make_config: Callable[..., ServiceConfig],
+) -> None:
+    """Direct answers keep uvicorn's keep-alive timeout: a connection that sends nothing after
+    one is closed by the service (and one still sending is not)."""
+    with serving(make_config(keep_alive_s=1.0)) as (service, topic, token):
+        group = f"g-{uuid.uuid4().hex[:6]}"
+        path = f"/v1/vclusters/{VC}/groups/{group}/commit"
+        with service.connect() as sock:
+            assert request(sock, "POST", path, token, commit_body(topic, 0)).status == 204
+            seen = len(service.counting.requests)
+            for shard in range(3):
+                assert request(sock, "POST", path, token, commit_body(topic, shard)).status == 204
+            assert len(service.counting.requests) == seen, "a commit reached the app"
+            assert sock.recv(1) == b"", "the service kept an idle connection open"
