@@ -235,10 +235,10 @@ class GuardedHttpToolsProtocol(_HeadTimer, HttpToolsProtocol):
         self._direct_length = 0
         self._direct_target: tuple[str, str | None] = ("", None)
         self._held: list[bytes] = []
+        """Bytes that came while a direct commit waited, fed on once it is answered."""
         self._idle_since: float | None = None
         """Loop time of the last direct answer while no byte came since; None otherwise."""
         self._idle_timer: asyncio.TimerHandle | None = None
-        """Bytes that came while a direct commit waited, fed on once it is answered."""
         super().connection_made(transport)
         if len(self.connections) > self.connections_max:
             transport.close()
