@@ -176,7 +176,7 @@ class HotRoutes:
     def commit_direct(
         self, path: str, authorization: str | None, body: bytes, respond: Respond
     ) -> bool:
-        """A whole commit request the protocol parsed itself (``server.direct_commit``), answered
+        """A whole commit request the protocol parsed itself (``server.direct_head``), answered
         as ``begin`` then ``finish`` answer one; False, with no side effect, when they would
         leave it to ASGI (the protocol then feeds it to its parser as it came)."""
         match = _COMMIT_PATH.fullmatch(path)

@@ -145,14 +145,15 @@ _NOT_PLAIN = re.compile(rb"[^\t\r\n\x20-\x7e]")
 """A byte a direct head may not hold (controls, DEL, anything not ASCII): httptools' call."""
 
 
-def direct_commit(data: bytes) -> tuple[str, str | None, bytes] | None:
-    """(path, authorization, body) when ``data`` is exactly one whole ``POST`` of HTTP/1.1 with
-    a Content-Length, no query string, percent sign or odd byte in its target, and only
-    ``_DIRECT_HEADERS``, each once; None for anything else (httptools then parses it).
+def direct_head(data: bytes) -> tuple[str, str | None, int, int] | None:
+    """(path, authorization, where the body begins, its Content-Length) when ``data`` begins
+    with the whole head of a ``POST`` of HTTP/1.1 with a Content-Length, no query string,
+    percent sign or odd byte in its target, and only ``_DIRECT_HEADERS``, each once; None for
+    anything else (httptools then parses it).  Whether the body is all there is the caller's.
 
-    A committer's request arrives whole in one read: parsed here it costs a few splits,
-    where httptools' callbacks and uvicorn's request cycle (its scope, its event, its
-    keep-alive timer) were about a third of a hot commit's CPU."""
+    A committer's request arrives whole in one read (or its head, then its body): parsed
+    here it costs a few splits, where httptools' callbacks and uvicorn's request cycle (its
+    scope, its event, its keep-alive timer) were about a third of a hot commit's CPU."""
     if not data.startswith(b"POST /"):
         return None
     end = data.find(b"\r\n\r\n")
@@ -182,12 +183,13 @@ def direct_commit(data: bytes) -> tuple[str, str | None, bytes] | None:
             authorization = value.strip(b" \t")
         elif name == b"content-length":
             length = value.strip(b" \t")
-    if length is None or not length.isdigit() or len(data) != end + 4 + int(length):
-        return None  # no length, or a body not exactly here (short, or a pipelined request)
+    if length is None or not length.isdigit():
+        return None
     return (
         target.decode("ascii"),
         None if authorization is None else authorization.decode("ascii"),
-        data[end + 4 :],
+        end + 4,
+        int(length),
     )
 
 
@@ -196,8 +198,8 @@ class GuardedHttpToolsProtocol(_HeadTimer, HttpToolsProtocol):
     on the head's size (httptools has none of its own), which asks ``hot_routes`` to answer a
     request before it starts the ASGI app for it (``metadata_service.hot_routes``).
 
-    A commit that arrives whole in one read, between requests, is parsed here
-    (``direct_commit``) and answered without httptools or a request cycle when
+    A commit that arrives between requests (whole, or its head then its body) is parsed here
+    (``direct_head``) and answered without httptools or a request cycle when
     ``HotRoutes.commit_direct`` takes it; bytes that arrive while it waits for its flush wait
     for its answer (reading paused), so answers keep the order of requests.
 
@@ -231,11 +233,14 @@ class GuardedHttpToolsProtocol(_HeadTimer, HttpToolsProtocol):
         self._direct_head = b"\0"
         """The whole head (blank line included) of the last direct commit parsed on this
         connection, with its Content-Length and target: a client sends the same head each
-        time, and a request that begins with it is parsed already."""
+        time, and a request that begins with it is parsed already (its Content-Length is in
+        the bytes compared)."""
         self._direct_length = 0
         self._direct_target: tuple[str, str | None] = ("", None)
         self._held: list[bytes] = []
         """Bytes that came while a direct commit waited, fed on once it is answered."""
+        self._partial = b""
+        """A direct commit's whole head and the start of its body, until the rest comes."""
         self._idle_since: float | None = None
         """Loop time of the last direct answer while no byte came since; None otherwise."""
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -251,8 +256,14 @@ class GuardedHttpToolsProtocol(_HeadTimer, HttpToolsProtocol):
             self._held.append(data)
             self.flow.pause_reading()
             return
+        if self._partial:  # the rest of a direct commit's body (or more)
+            data, self._partial = self._partial + data, b""
         if self._between and self._take_direct(data):
             return
+        self._parse(data)
+
+    def _parse(self, data: bytes) -> None:
+        """Feed ``data`` to httptools (uvicorn's ``data_received``), the head's size bounded."""
         if self._in_head:
             self._head_bytes += len(data)
         super().data_received(data)
@@ -276,6 +287,7 @@ class GuardedHttpToolsProtocol(_HeadTimer, HttpToolsProtocol):
         self._hot = None
         self._direct = False
         self._held = []
+        self._partial = b""
         self._idle_since = None
         if self._idle_timer is not None:
             self._idle_timer.cancel()
@@ -283,14 +295,18 @@ class GuardedHttpToolsProtocol(_HeadTimer, HttpToolsProtocol):
         super().connection_lost(exc)
 
     def shutdown(self) -> None:
+        if self._partial:  # a request whose body is coming: uvicorn's to finish, then close
+            data, self._partial = self._partial, b""
+            self._parse(data)
         if self._direct:
             self._direct_close = True  # answered first, then closed
         else:
             super().shutdown()
 
     def _take_direct(self, data: bytes) -> bool:
-        """Answer ``data`` as a direct commit (``direct_commit``) if it is one the hot routes
-        take, when uvicorn would start a request at once; False: nothing done."""
+        """Answer ``data`` as a direct commit (``direct_head``) if it is one the hot routes take,
+        when uvicorn would start a request at once, or keep it until its body is all here;
+        False: nothing done."""
         hot = self.hot_routes
         if (
             hot is None
@@ -305,17 +321,27 @@ class GuardedHttpToolsProtocol(_HeadTimer, HttpToolsProtocol):
         ):
             return False
         head = self._direct_head
-        if data.startswith(head) and len(data) == len(head) + self._direct_length:
-            path, authorization = self._direct_target  # the head of the last one, byte for byte
-            body = data[len(head) :]
+        if data.startswith(head):  # the head of the last one, byte for byte
+            path, authorization = self._direct_target
+            start, length = len(head), self._direct_length
         else:
-            parts = direct_commit(data)
-            if parts is None:
+            parsed = direct_head(data)
+            if parsed is None or parsed[2] > self.header_bytes_max:
                 return False
-            path, authorization, body = parts
-            self._direct_head = data[: len(data) - len(body)]
-            self._direct_length = len(body)
+            path, authorization, start, length = parsed
+            self._direct_head = data[:start]
+            self._direct_length = length
             self._direct_target = (path, authorization)
+        if len(data) != start + length:
+            if len(data) > start + length or length > hot.body_bytes_max:
+                return False  # a request pipelined behind it, or a body not answered here
+            # Its body comes next (a client may write the head, then the body): kept until
+            # it is all here, httptools fed nothing yet (and fed it all if it is not taken).
+            self._partial = data
+            self._disarm()  # its head has ended
+            self._unset_keepalive_if_required()
+            return True
+        body = data[start:]
         self._unset_keepalive_if_required()
         self._direct, self._direct_path = True, path
         taken = False
