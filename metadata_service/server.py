@@ -136,11 +136,21 @@ class GuardedH11Protocol(_HeadTimer, H11Protocol):
 
 
 _DIRECT_HEADERS = frozenset(
-    (b"host", b"authorization", b"content-type", b"content-length", b"user-agent", b"accept")
+    (
+        b"host",
+        b"authorization",
+        b"content-type",
+        b"content-length",
+        b"user-agent",
+        b"accept",
+        b"accept-encoding",
+        b"connection",
+    )
 )
-"""The header names a directly parsed commit may carry: none changes how HTTP frames or answers
-it (no ``connection``, ``expect``, ``transfer-encoding``, ``upgrade``), so its bytes mean the
-same to this parser as to httptools."""
+"""The header names a directly parsed commit may carry (httpx's, the SDK's client, among them):
+none changes how HTTP frames or answers it (no ``expect``, ``transfer-encoding``, ``upgrade``;
+``connection`` only as ``keep-alive``, HTTP/1.1's default; nothing here compresses answers),
+so its bytes mean the same to this parser as to httptools."""
 _NOT_PLAIN = re.compile(rb"[^\t\r\n\x20-\x7e]")
 """A byte a direct head may not hold (controls, DEL, anything not ASCII): httptools' call."""
 
@@ -183,6 +193,8 @@ def direct_head(data: bytes) -> tuple[str, str | None, int, int] | None:
             authorization = value.strip(b" \t")
         elif name == b"content-length":
             length = value.strip(b" \t")
+        elif name == b"connection" and value.strip(b" \t").lower() != b"keep-alive":
+            return None  # close, upgrade: httptools and uvicorn's
     if length is None or not length.isdigit():
         return None
     return (

@@ -578,6 +578,27 @@ def direct(extra: bytes = b"", length: int = len(DIRECT_BODY), tail: bytes = b""
     return DIRECT_HEAD + extra + b"Content-Length: %d\r\n\r\n" % length + DIRECT_BODY + tail
 
 
+def test_httpx_headers_are_taken_directly() -> None:
+    extra = b"Accept-Encoding: gzip, deflate\r\nConnection: Keep-Alive\r\nUser-Agent: httpx\r\n"
+    assert direct_head(direct(extra)) is not None
+
+
+def test_a_commit_through_httpx_is_answered_directly(served: tuple[Live, str, str]) -> None:
+    """The SDK's client (httpx, its default headers, head and body written apart) commits
+    without the app once the group is claimed."""
+    service, topic, token = served
+    path = f"/v1/vclusters/{VC}/groups/g-{uuid.uuid4().hex[:6]}/commit"
+    headers = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=service.url, headers=headers, timeout=TIMEOUT_S) as client:
+        assert client.post(path, content=commit_body(topic, 0)).status_code == 204
+        seen = len(service.counting.requests)
+        for shard in range(4):
+            assert client.post(path, content=commit_body(topic, shard)).status_code == 204
+        assert len(service.counting.requests) == seen, "a commit reached the app"
+        [connection] = service.server.server_state.connections
+        assert connection._direct_target[0] == path, "not parsed directly"
+
+
 def test_a_plain_commit_head_is_parsed_directly() -> None:
     path = "/v1/vclusters/default/groups/g"
     start = len(direct()) - len(DIRECT_BODY)
@@ -593,6 +614,7 @@ def test_a_plain_commit_head_is_parsed_directly() -> None:
     "data",
     [
         direct(b"Connection: close\r\n"),  # framing and answers are httptools' and uvicorn's
+        direct(b"Connection: keep-alive, Upgrade\r\n"),
         direct(b"Expect: 100-continue\r\n"),
         direct(b"Transfer-Encoding: chunked\r\n"),
         direct(b"Upgrade: websocket\r\n"),
