@@ -25,6 +25,11 @@ first, and answers here only what needs no waiting except for the flush:
   flush are answered in one pass when it ends (one callback, their latencies counted
   together, the 204's bytes built once a second by the protocol).
 
+A commit the protocol parsed itself, head and body (``server.direct_head``: a plain
+request of a committer, most of them), comes whole to ``commit_direct``, which checks it as
+``begin`` and ``finish`` do and answers it the same way, without httptools' callbacks or
+uvicorn's request cycle.
+
 Anything else, at either step, goes on through ASGI unchanged (the fast path
 middleware, the gate, the routers), which answers it, errors included: every
 check here is one the ASGI route makes too, so a request is never refused
