@@ -25,6 +25,11 @@ first, and answers here only what needs no waiting except for the flush:
   flush are answered in one pass when it ends (one callback, their latencies counted
   together, the 204's bytes built once a second by the protocol).
 
+A commit the protocol parsed itself, head and body (``server.direct_head``: a plain
+request of a committer, most of them), comes whole to ``commit_direct``, which checks it as
+``begin`` and ``finish`` do and answers it the same way, without httptools' callbacks or
+uvicorn's request cycle.
+
 Anything else, at either step, goes on through ASGI unchanged (the fast path
 middleware, the gate, the routers), which answers it, errors included: every
 check here is one the ASGI route makes too, so a request is never refused
@@ -172,6 +177,21 @@ class HotRoutes:
         if principal is None or not principal.can_read(match[1]):
             return None
         return HotRequest(commit, match[1], match[2], path, principal, time.perf_counter())
+
+    def commit_direct(
+        self, path: str, authorization: str | None, body: bytes, respond: Respond
+    ) -> bool:
+        """A whole commit request the protocol parsed itself (``server.direct_head``), answered
+        as ``begin`` then ``finish`` answer one; False, with no side effect, when they would
+        leave it to ASGI (the protocol then feeds it to its parser as it came)."""
+        match = _COMMIT_PATH.fullmatch(path)
+        if match is None or len(body) > self.body_bytes_max:
+            return False
+        principal = self.tokens.authenticate_cached(authorization)
+        if principal is None or not principal.can_read(match[1]):
+            return False
+        request = HotRequest(True, match[1], match[2], path, principal, time.perf_counter())
+        return self._commit(request, body, respond)
 
     def finish(self, request: HotRequest, body: bytes, respond: Respond) -> bool:
         """Answer ``request`` through ``respond`` (now or once durable); False: ASGI answers."""

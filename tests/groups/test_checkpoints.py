@@ -307,37 +307,44 @@ def test_the_mysql_upsert_writes_any_name_literally_and_splits_long_flushes(
 def test_a_flush_is_its_upsert_and_commit_and_a_dropped_connection_fails_only_its_flush(
     engine: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On MySQL the upserts have their own pool, without a ping at checkout or a rollback at
-    return (two round trips a flush, not four).  A connection the server dropped fails the
-    flush that finds it (its commits are refused, none acknowledged), and the next flush
+    """On MySQL the upserts have their own pool in autocommit, without a ping at checkout or
+    a rollback at return: a flush of one statement is one round trip, its INSERT (several
+    statements are one transaction, BEGIN to COMMIT).  A connection the server dropped fails
+    the flush that finds it (its commits are refused, none acknowledged), and the next flush
     writes on a new one."""
-    store = CheckpointStore(engine, flush_connections=1)
+    import pymysql
+
+    store = CheckpointStore(engine, flush_connections=1, statement_bytes_max=2000)
     try:
         assert store.flush_engine is not engine and store.open_pool() == 1
         calls: list[str] = []
-        dialect = store.flush_engine.dialect
 
         def counting(name: str) -> Callable[..., Any]:
-            done = getattr(dialect, name)
+            done = getattr(pymysql.connections.Connection, name)
 
-            def call(*args: Any) -> Any:
-                calls.append(name)
-                return done(*args)
+            def call(self: Any, *args: Any) -> Any:
+                calls.append(args[0].split()[0] if name == "query" else name)
+                return done(self, *args)
 
             return call
 
-        for name in ("do_ping", "do_commit", "do_rollback"):
-            monkeypatch.setattr(dialect, name, counting(name))
-        sa.event.listen(
-            store.flush_engine,
-            "before_cursor_execute",
-            lambda _c, _cursor, statement, *_: calls.append(statement.split()[0]),
-        )
+        for name in ("query", "ping", "commit", "rollback"):
+            monkeypatch.setattr(pymysql.connections.Connection, name, counting(name))
         group = f"g-{uuid.uuid4().hex[:8]}"
         for position in range(3):
             store.upsert({(VC, group, "t", 0, 0): position})
-        assert calls == ["INSERT", "do_commit"] * 3, "a flush is its upsert and its commit"
+        assert calls == ["INSERT"] * 3, "a flush is its upsert"
         assert rows(engine, group) == [("t", 0, 0, 2)]
+        calls.clear()
+        store.upsert({(VC, group, "t", 1, shard): shard for shard in range(100)})
+        assert calls[0] == "BEGIN" and calls[-1] == "COMMIT" and len(calls) > 3, calls
+        assert set(calls[1:-1]) == {"INSERT"}
+        monkeypatch.undo()
+        store.upsert({(VC, group, "t", 1, 0): 0})  # back to one shard of epoch 0 below
+        with engine.begin() as connection:
+            connection.exec_driver_sql(
+                f"DELETE FROM checkpoints WHERE group_name = '{group}' AND epoch = 1"
+            )
 
         with store.flush_engine.connect() as connection:
             flushing = connection.exec_driver_sql("SELECT CONNECTION_ID()").scalar()

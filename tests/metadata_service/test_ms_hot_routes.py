@@ -33,7 +33,7 @@ from sqlalchemy.exc import OperationalError
 
 from metadata_service import ServiceConfig, create_app
 from metadata_service.hot_routes import _COMMIT_PATH, _READ_PATH
-from metadata_service.server import prepare_process, uvicorn_config
+from metadata_service.server import direct_head, prepare_process, uvicorn_config
 from xinfra.model import NAME_PATTERN
 from xinfra.services.ports import free_port
 
@@ -60,6 +60,7 @@ class Live:
     port: int
     app: Any
     counting: CountingApp
+    server: uvicorn.Server
 
     def connect(self) -> socket.socket:
         return socket.create_connection(("127.0.0.1", self.port), timeout=TIMEOUT_S)
@@ -80,7 +81,7 @@ def live(config: ServiceConfig) -> Iterator[Live]:
         assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
         time.sleep(0.02)
     try:
-        yield Live(f"http://127.0.0.1:{port}", port, app, counting)
+        yield Live(f"http://127.0.0.1:{port}", port, app, counting, server)
     finally:
         server.should_exit = True
         thread.join(15)
@@ -111,6 +112,24 @@ def read_response(sock: socket.socket) -> Response:
         assert chunk, "closed inside a body"
         body += chunk
     return Response(int(lines[0].split()[1]), headers, body)
+
+
+def read_responses(sock: socket.socket, count: int) -> list[Response]:
+    """``count`` answers read whole from ``sock`` (``read_response`` drops bytes past its one)."""
+    with sock.makefile("rb") as stream:
+        answers = []
+        for _ in range(count):
+            lines = []
+            while (line := stream.readline()) not in (b"\r\n", b""):
+                lines.append(line.rstrip(b"\r\n"))
+            assert lines, "closed before a whole head"
+            headers = {}
+            for header in lines[1:]:
+                name, _, value = header.partition(b":")
+                headers[name.strip().lower()] = value.strip()
+            body = stream.read(int(headers.get(b"content-length", b"0")))
+            answers.append(Response(int(lines[0].split()[1]), headers, body))
+        return answers
 
 
 def request(
@@ -546,3 +565,203 @@ def test_the_hot_paths_take_exactly_the_names_the_routers_take(name: str) -> Non
         assert (read is not None, commit is not None) == (valid, valid)
         if read is not None:
             assert (read[1], read[2]) == (vc, other)
+
+
+DIRECT_BODY = b'{"positions": []}'
+DIRECT_HEAD = (
+    b"POST /v1/vclusters/default/groups/g/commit HTTP/1.1\r\nHost: x\r\n"
+    b"Authorization: Bearer xt_t\r\nContent-Type: application/json\r\n"
+)
+
+
+def direct(extra: bytes = b"", length: int = len(DIRECT_BODY), tail: bytes = b"") -> bytes:
+    return DIRECT_HEAD + extra + b"Content-Length: %d\r\n\r\n" % length + DIRECT_BODY + tail
+
+
+def test_httpx_headers_are_taken_directly() -> None:
+    extra = b"Accept-Encoding: gzip, deflate\r\nConnection: Keep-Alive\r\nUser-Agent: httpx\r\n"
+    assert direct_head(direct(extra)) is not None
+
+
+def test_a_commit_through_httpx_is_answered_directly(served: tuple[Live, str, str]) -> None:
+    """The SDK's client (httpx, its default headers, head and body written apart) commits
+    without the app once the group is claimed."""
+    service, topic, token = served
+    path = f"/v1/vclusters/{VC}/groups/g-{uuid.uuid4().hex[:6]}/commit"
+    headers = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=service.url, headers=headers, timeout=TIMEOUT_S) as client:
+        assert client.post(path, content=commit_body(topic, 0)).status_code == 204
+        seen = len(service.counting.requests)
+        for shard in range(4):
+            assert client.post(path, content=commit_body(topic, shard)).status_code == 204
+        assert len(service.counting.requests) == seen, "a commit reached the app"
+        [connection] = service.server.server_state.connections
+        assert connection._direct_target[0] == path, "not parsed directly"
+
+
+def test_a_plain_commit_head_is_parsed_directly() -> None:
+    path = "/v1/vclusters/default/groups/g"
+    start = len(direct()) - len(DIRECT_BODY)
+    assert direct_head(direct()) == (f"{path}/commit", "Bearer xt_t", start, len(DIRECT_BODY))
+    no_token = direct().replace(b"Authorization: Bearer xt_t\r\n", b"")
+    assert direct_head(no_token) == (f"{path}/commit", None, start - 28, len(DIRECT_BODY))
+    # Whether the body is all there, and nothing after it, is the protocol's to check.
+    assert direct_head(direct()[:start]) == direct_head(direct())
+    assert direct_head(direct(tail=b"GET / HTTP/1.1\r\n\r\n")) == direct_head(direct())
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        direct(b"Connection: close\r\n"),  # framing and answers are httptools' and uvicorn's
+        direct(b"Connection: keep-alive, Upgrade\r\n"),
+        direct(b"Expect: 100-continue\r\n"),
+        direct(b"Transfer-Encoding: chunked\r\n"),
+        direct(b"Upgrade: websocket\r\n"),
+        direct(b"X-Other: 1\r\n"),
+        direct(b"Content-Length: 17\r\n"),  # repeated
+        direct(b"Authorization: Bearer xt_u\r\n"),
+        direct(b" folded\r\n"),
+        direct(b"Accept : x\r\n"),  # a space before the colon
+        direct(b"Accept: \x01\r\n"),
+        direct(b"Accept: \xc3\xa9\r\n"),
+        direct(b"Accept: a\nb\r\n"),  # a bare LF
+        direct(b"Accept: a\rb\r\n"),
+        direct().replace(b"Content-Length: 17", b"Content-Length: +17"),
+        direct().replace(b"HTTP/1.1", b"HTTP/1.0"),
+        direct().replace(b"/commit ", b"/commit?x=1 "),
+        direct().replace(b"/g/", b"/%67/"),
+        direct().replace(b"POST", b"post"),
+        direct()[:40],
+    ],
+)
+def test_anything_else_is_left_to_httptools(data: bytes) -> None:
+    assert direct_head(data) is None
+
+
+def test_requests_behind_a_waiting_commit_are_answered_after_it_in_order(
+    served: tuple[Live, str, str],
+) -> None:
+    """A direct commit waits for its flush: a read and another commit sent behind it on the
+    same connection are answered after it, in the order they were sent."""
+    service, topic, token = served
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    path = f"/v1/vclusters/{VC}/groups/{group}/commit"
+    read = f"/v1/vclusters/{VC}/topics/{topic}/metadata"
+    engine = service.app.state.services.runtime.store.engine
+    buffer = service.app.state.groups.checkpoints.buffer
+    with service.connect() as sock:
+        assert request(sock, "POST", path, token, commit_body(topic, 0)).status == 204
+        seen = len(service.counting.requests)
+        with engine.connect() as blocker:
+            transaction = blocker.begin()
+            blocker.execute(
+                sa.text("SELECT * FROM checkpoints WHERE group_name = :g FOR UPDATE"), {"g": group}
+            )
+            body = commit_body(topic, 0, offset=0)
+            sock.sendall(
+                (
+                    f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n"
+                ).encode()
+                + body
+            )
+            deadline = time.monotonic() + TIMEOUT_S
+            while buffer.in_flight == 0:  # the flight has taken the commit and waits on MySQL
+                assert time.monotonic() < deadline, "the commit never reached a flush"
+                time.sleep(0.01)
+            later = commit_body(topic, 1)
+            sock.sendall(
+                f"GET {read} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+                + (
+                    f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                    f"Content-Length: {len(later)}\r\n\r\n"
+                ).encode()
+                + later
+            )
+            while not any(c._held for c in service.server.server_state.connections):
+                assert time.monotonic() < deadline, "the later requests were never read"
+                time.sleep(0.01)  # polls the condition; the held flush is the synchronisation
+            sock.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                sock.recv(1)  # nothing answered while the first commit's upsert waits
+            sock.setblocking(True)
+            transaction.rollback()
+        first, second, third = read_responses(sock, 3)
+        assert (first.status, second.status, third.status) == (204, 200, 204)
+        assert json.loads(second.body)["topic"]["name"] == topic
+        assert len(service.counting.requests) == seen, "a request reached the app"
+    assert checkpoint_rows(service, group) == [(topic, 0, 0, 0), (topic, 0, 1, 0)]
+
+
+def test_a_deleted_token_commits_no_more(served: tuple[Live, str, str]) -> None:
+    """A token that committed on the hot path is refused there once deleted: its header's
+    digest is remembered, never what it named."""
+    service, topic, token = served
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    path = f"/v1/vclusters/{VC}/groups/{group}/commit"
+    with service.connect() as sock:
+        assert request(sock, "POST", path, token, commit_body(topic, 0)).status == 204
+        seen = len(service.counting.requests)
+        assert request(sock, "POST", path, token, commit_body(topic, 1)).status == 204
+        assert len(service.counting.requests) == seen, "the commit reached the app"
+    with httpx.Client(
+        base_url=service.url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30
+    ) as admin:
+        names = [t["name"] for t in admin.get("/v1/tokens").raise_for_status().json()["tokens"]]
+        for name in names:
+            if name.startswith("c-"):
+                admin.delete(f"/v1/tokens/{name}").raise_for_status()
+    with service.connect() as sock:
+        refused = request(sock, "POST", path, token, commit_body(topic, 2))
+        assert refused.status == 401
+    assert checkpoint_rows(service, group) == [(topic, 0, 0, 0), (topic, 0, 1, 0)]
+
+
+def test_a_connection_idle_after_a_direct_commit_is_closed_after_the_keep_alive(
+    make_config: Callable[..., ServiceConfig],
+) -> None:
+    """Direct answers keep uvicorn's keep-alive timeout: a connection that sends nothing after
+    one is closed by the service (and one still sending is not)."""
+    with serving(make_config(keep_alive_s=1.0)) as (service, topic, token):
+        group = f"g-{uuid.uuid4().hex[:6]}"
+        path = f"/v1/vclusters/{VC}/groups/{group}/commit"
+        with service.connect() as sock:
+            assert request(sock, "POST", path, token, commit_body(topic, 0)).status == 204
+            seen = len(service.counting.requests)
+            for shard in range(3):
+                assert request(sock, "POST", path, token, commit_body(topic, shard)).status == 204
+            assert len(service.counting.requests) == seen, "a commit reached the app"
+            assert sock.recv(1) == b"", "the service kept an idle connection open"
+
+
+def test_a_commit_whose_body_comes_after_its_head_is_answered_directly(
+    served: tuple[Live, str, str],
+) -> None:
+    """A client that writes the head, then the body (as httpx does) is answered without the
+    app too; and a request pipelined right behind such a body goes to httptools with it."""
+    service, topic, token = served
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    path = f"/v1/vclusters/{VC}/groups/{group}/commit"
+    read = f"/v1/vclusters/{VC}/topics/{topic}/metadata"
+    body = commit_body(topic, 1)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    connections = service.server.server_state.connections
+    with service.connect() as sock:
+        assert request(sock, "POST", path, token, commit_body(topic, 0)).status == 204
+        seen = len(service.counting.requests)
+        for tail in (b"", f"GET {read} HTTP/1.1\r\nHost: x\r\n\r\n".encode()):
+            sock.sendall(head + body[:5])
+            deadline = time.monotonic() + TIMEOUT_S
+            while not any(c._partial for c in connections):  # the head is in, the body not
+                assert time.monotonic() < deadline, "the head was never read"
+                time.sleep(0.01)  # polls the condition; the split is the synchronisation
+            sock.sendall(body[5:] + tail)
+            answers = read_responses(sock, 2 if tail else 1)
+            assert [a.status for a in answers] == ([204, 401] if tail else [204])
+        # the GET carried no token: the app's 401 (and the pipelined pair went through it)
+        assert len(service.counting.requests) == seen + 1
+    assert checkpoint_rows(service, group) == [(topic, 0, 0, 0), (topic, 0, 1, 0)]
