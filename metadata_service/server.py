@@ -347,6 +347,8 @@ class GuardedHttpToolsProtocol(_HeadTimer, HttpToolsProtocol):
         if len(data) != start + length:
             if len(data) > start + length or length > hot.body_bytes_max:
                 return False  # a request pipelined behind it, or a body not answered here
+            if hot.tokens.authenticate_cached(authorization) is None:
+                return False  # no body kept for a caller without a known token (the gate's)
             # Its body comes next (a client may write the head, then the body): kept until
             # it is all here, httptools fed nothing yet (and fed it all if it is not taken).
             self._partial = data
