@@ -338,20 +338,12 @@ class NorthguardProducer(ShardProducer):
                         functools.partial(self._on_failure_cb, state),
                     )
                     state.stream = stream
-                    wait_s = (
-                        state.queue[0].deadline - self._runtime.monotonic_s() if state.queue else 0
-                    )
-                    await asyncio.wait_for(
-                        asyncio.shield(stream.opened), max(0.1, min(self._stall_s, wait_s))
+                    stream.opened.add_done_callback(
+                        functools.partial(self._on_opened, state, stream)
                     )
                     state.reopening = None
-                    self._pump(state)
+                    self._pump(state)  # the first batch goes behind the open, not after its answer
                     return
-                except TimeoutError:
-                    state.last_error = BackendTimeout(
-                        f"Northguard broker {state.leader or self._address} did not open a stream"
-                    )
-                    state.stale = True
                 except XinfraError as error:
                     if not error.retriable:
                         self._fail_shard(state, error)
@@ -365,6 +357,12 @@ class NorthguardProducer(ShardProducer):
         finally:
             if state.reopening is asyncio.current_task():
                 state.reopening = None
+
+    def _on_opened(self, state: _Shard, stream: ProduceStream, _: asyncio.Future[None]) -> None:
+        """The broker granted the window: what waited for it goes (a failed open is reported
+        through ``on_failure`` instead)."""
+        if state.stream is stream and stream.failure is None and state.queue:
+            self._pump(state)
 
     def _backoff_s(self, state: _Shard) -> float:
         """Doubling per failure since the last Ack, capped, with jitter so shards do not align."""
