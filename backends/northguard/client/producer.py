@@ -308,6 +308,13 @@ class NorthguardProducer(ShardProducer):
 
     def _reopen(self, state: _Shard) -> None:
         if state.reopening is None and not self._closed_for_good(state):
+            if not state.failures and not state.stale:  # a first open: no backoff, no refresh
+                connection = self._connections.get(state.leader or self._address)
+                if connection is not None and not connection.closed:
+                    # At once on the open connection: 4,096 new ranges made a task each.
+                    with contextlib.suppress(XinfraError):  # else the task below tries again
+                        self._start_stream(state, connection)
+                        return
             task = self._loop.create_task(self._open_stream(state))
             state.reopening = task
             self._tasks.add(task)
@@ -324,25 +331,12 @@ class NorthguardProducer(ShardProducer):
                     await self._runtime.sleep(self._backoff_s(state))
                     if not state.queue:  # failed by its deadline meanwhile
                         return
-                stream: ProduceStream | None = None
                 try:
                     if state.stale:
                         await self._refresh_leaders(state)
                     connection = await self._connect(state.leader or self._address)
-                    stream = ProduceStream(
-                        connection,
-                        self._topic.name,
-                        state.range_id,
-                        self._producer_id,
-                        functools.partial(self._on_acks, state),
-                        functools.partial(self._on_failure_cb, state),
-                    )
-                    state.stream = stream
-                    stream.opened.add_done_callback(
-                        functools.partial(self._on_opened, state, stream)
-                    )
                     state.reopening = None
-                    self._pump(state)  # the first batch goes behind the open, not after its answer
+                    self._start_stream(state, connection)
                     return
                 except XinfraError as error:
                     if not error.retriable:
@@ -350,13 +344,25 @@ class NorthguardProducer(ShardProducer):
                         return
                     state.last_error = error
                     state.stale = True
-                if stream is not None and state.stream is stream:
-                    state.stream = None
-                    stream.close()
                 state.failures += 1
         finally:
             if state.reopening is asyncio.current_task():
                 state.reopening = None
+
+    def _start_stream(self, state: _Shard, connection: ClientConnection) -> None:
+        """Open the shard's stream on ``connection`` and send what its window allows: the first
+        batch goes behind the open, not after its answer."""
+        stream = ProduceStream(
+            connection,
+            self._topic.name,
+            state.range_id,
+            self._producer_id,
+            functools.partial(self._on_acks, state),
+            functools.partial(self._on_failure_cb, state),
+        )
+        state.stream = stream
+        stream.opened.add_done_callback(functools.partial(self._on_opened, state, stream))
+        self._pump(state)
 
     def _on_opened(self, state: _Shard, stream: ProduceStream, _: asyncio.Future[None]) -> None:
         """The broker granted the window: what waited for it goes (a failed open is reported
