@@ -76,10 +76,14 @@ The queue is bounded (``queue_bytes_max``): past it, ``append`` waits, in
 call order, for the running flush to take a group.
 
 **Back of the envelope** (one NVMe drive, fsync ~0.5-2 ms; 2 cores, CPython).
-A flush costs one WAL fsync + one write per segment touched (side by side in
-a thread pool: an O_DIRECT write waits for the device) + CRC and copies
-(~1 GB/s), so ~2-5 ms for a few MB; the segments' fsyncs are paid by the
-checkpoint, once a second for all of them (one shared journal commit on ext4).  With 100-record batches of 100-byte
+A flush costs one WAL fsync + CRC and copies (~1 GB/s), so ~2-5 ms for a
+few MB; the segment files are written beside it, one write per segment per
+``segment_write_bytes`` (side by side in a thread pool: an O_DIRECT write
+waits for the device), and their fsyncs are paid by the checkpoint, once a
+second for all of them (one shared journal commit on ext4).  A new segment's
+file is made by its first write: on this ext4 an inode costs 0.1-0.9 ms of
+kernel CPU (more where many files were deleted lately), a one-off per
+segment that a first write to thousands of ranges pays at the checkpoint.  With 100-record batches of 100-byte
 records (10 KB per append), a flush carries what arrives in its window: at
 200 MB/s that is 2 MB = 200 appends = 20k records (the record bound), ~100
 flushes/s, ~2M records/s.  The ceiling is the event loop's per-append cost
