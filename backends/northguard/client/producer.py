@@ -117,6 +117,7 @@ class _Batch:
 class _Shard:
     __slots__ = (
         "deadline_timer",
+        "deadline_wake_s",
         "failures",
         "index",
         "last_error",
@@ -149,6 +150,7 @@ class _Shard:
         self.stream: ProduceStream | None = None
         self.reopening: asyncio.Task[None] | None = None
         self.deadline_timer: asyncio.TimerHandle | None = None
+        self.deadline_wake_s = 0.0  # when it fires (monotonic)
         self.failures = 0  # stream failures since the last Ack: the backoff's exponent
         self.last_error: XinfraError | None = None  # what a deadline reports, if not a Timeout
 
@@ -299,7 +301,11 @@ class NorthguardProducer(ShardProducer):
                 batch = queue.popleft()
                 state.unacked.append(batch)
                 stream.append(batch.seq, batch.data)
-            if idle and state.deadline_timer is not None:  # wake for a stall, not the deadline
+            if (
+                idle
+                and state.deadline_timer is not None
+                and state.deadline_wake_s > state.progress_s + self._stall_s
+            ):  # armed for the deadline: wake for a stall (an earlier wake just re-arms)
                 state.deadline_timer.cancel()
                 state.deadline_timer = None
                 self._arm_deadline(state)
@@ -386,6 +392,7 @@ class NorthguardProducer(ShardProducer):
         if state.unacked:
             wake_s = min(wake_s, state.progress_s + self._stall_s)
         delay_s = max(0.0, wake_s - self._runtime.monotonic_s())
+        state.deadline_wake_s = wake_s
         state.deadline_timer = self._runtime.call_later(
             delay_s, functools.partial(self._on_deadline, state)
         )
