@@ -58,7 +58,11 @@ class ProduceStream:
         )
 
     def has_room(self, size: int) -> bool:
-        return self.inflight_bytes == 0 or self.inflight_bytes + size <= self.window_bytes
+        """One batch may go behind the open, before its answer (the broker takes one batch
+        past any window when nothing is pending); more wait for the window it grants."""
+        if self.inflight_bytes == 0:
+            return True
+        return self.opened.done() and self.inflight_bytes + size <= self.window_bytes
 
     def append(self, seq: int, batch: bytes) -> None:
         self._sizes[seq] = len(batch)

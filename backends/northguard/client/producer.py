@@ -115,6 +115,7 @@ class _Batch:
 class _Shard:
     __slots__ = (
         "deadline_timer",
+        "deadline_wake_s",
         "failures",
         "index",
         "last_error",
@@ -147,6 +148,7 @@ class _Shard:
         self.stream: ProduceStream | None = None
         self.reopening: asyncio.Task[None] | None = None
         self.deadline_timer: asyncio.TimerHandle | None = None
+        self.deadline_wake_s = 0.0  # when it fires (monotonic)
         self.failures = 0  # stream failures since the last Ack: the backoff's exponent
         self.last_error: XinfraError | None = None  # what a deadline reports, if not a Timeout
 
@@ -297,7 +299,11 @@ class NorthguardProducer(ShardProducer):
                 batch = queue.popleft()
                 state.unacked.append(batch)
                 stream.append(batch.seq, batch.data)
-            if idle and state.deadline_timer is not None:  # wake for a stall, not the deadline
+            if (
+                idle
+                and state.deadline_timer is not None
+                and state.deadline_wake_s > state.progress_s + self._stall_s
+            ):  # armed for the deadline: wake for a stall (an earlier wake just re-arms)
                 state.deadline_timer.cancel()
                 state.deadline_timer = None
                 self._arm_deadline(state)
@@ -306,6 +312,13 @@ class NorthguardProducer(ShardProducer):
 
     def _reopen(self, state: _Shard) -> None:
         if state.reopening is None and not self._closed_for_good(state):
+            if not state.failures and not state.stale:  # a first open: no backoff, no refresh
+                connection = self._connections.get(state.leader or self._address)
+                if connection is not None and not connection.closed:
+                    # At once on the open connection: 4,096 new ranges made a task each.
+                    with contextlib.suppress(XinfraError):  # else the task below tries again
+                        self._start_stream(state, connection)
+                        return
             task = self._loop.create_task(self._open_stream(state))
             state.reopening = task
             self._tasks.add(task)
@@ -322,47 +335,44 @@ class NorthguardProducer(ShardProducer):
                     await self._runtime.sleep(backoff_s(state.failures, self._runtime.random))
                     if not state.queue:  # failed by its deadline meanwhile
                         return
-                stream: ProduceStream | None = None
                 try:
                     if state.stale:
                         await self._refresh_leaders(state)
                     connection = await self._connect(state.leader or self._address)
-                    stream = ProduceStream(
-                        connection,
-                        self._topic.name,
-                        state.range_id,
-                        self._producer_id,
-                        functools.partial(self._on_acks, state),
-                        functools.partial(self._on_failure_cb, state),
-                    )
-                    state.stream = stream
-                    wait_s = (
-                        state.queue[0].deadline - self._runtime.monotonic_s() if state.queue else 0
-                    )
-                    await asyncio.wait_for(
-                        asyncio.shield(stream.opened), max(0.1, min(self._stall_s, wait_s))
-                    )
                     state.reopening = None
-                    self._pump(state)
+                    self._start_stream(state, connection)
                     return
-                except TimeoutError:
-                    state.last_error = BackendTimeout(
-                        f"Northguard broker {state.leader or self._address} did not open a stream"
-                    )
-                    state.stale = True
                 except XinfraError as error:
                     if not error.retriable:
                         self._fail_shard(state, error)
                         return
                     state.last_error = error
                     state.stale = True
-                if stream is not None and state.stream is stream:
-                    state.stream = None
-                    stream.close()
                 state.failures += 1
         finally:
             if state.reopening is asyncio.current_task():
                 state.reopening = None
+
+    def _start_stream(self, state: _Shard, connection: ClientConnection) -> None:
+        """Open the shard's stream on ``connection`` and send what its window allows: the first
+        batch goes behind the open, not after its answer."""
+        stream = ProduceStream(
+            connection,
+            self._topic.name,
+            state.range_id,
+            self._producer_id,
+            functools.partial(self._on_acks, state),
+            functools.partial(self._on_failure_cb, state),
+        )
+        state.stream = stream
+        stream.opened.add_done_callback(functools.partial(self._on_opened, state, stream))
+        self._pump(state)
+
+    def _on_opened(self, state: _Shard, stream: ProduceStream, _: asyncio.Future[None]) -> None:
+        """The broker granted the window: what waited for it goes (a failed open is reported
+        through ``on_failure`` instead)."""
+        if state.stream is stream and stream.failure is None and state.queue:
+            self._pump(state)
 
     def _arm_deadline(self, state: _Shard) -> None:
         """Wake up at the oldest unacknowledged batch's deadline, or sooner to look for a stalled
@@ -374,6 +384,7 @@ class NorthguardProducer(ShardProducer):
         if state.unacked:
             wake_s = min(wake_s, state.progress_s + self._stall_s)
         delay_s = max(0.0, wake_s - self._runtime.monotonic_s())
+        state.deadline_wake_s = wake_s
         state.deadline_timer = self._runtime.call_later(
             delay_s, functools.partial(self._on_deadline, state)
         )

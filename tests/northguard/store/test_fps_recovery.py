@@ -118,7 +118,7 @@ async def test_a_torn_header_and_zero_fill_are_dropped_too(
 async def test_wal_frames_missing_from_the_segment_are_reapplied(
     open_fps: StoreFactory, tmp_path: Path
 ) -> None:
-    store = await open_fps()
+    store = await open_fps(segment_write_bytes=1)  # each frame written to its file at once
     await store.create_segment("s1", 0)
     acked = await fill(store, "s1", 0, 3)
     await store.crash()
@@ -216,7 +216,7 @@ async def test_a_flipped_header_byte_is_corrupt_data_too(
 async def test_a_flipped_byte_in_the_wal_is_reported_and_the_segment_copy_served(
     open_fps: StoreFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = await open_fps()
+    store = await open_fps(segment_write_bytes=1)  # each frame written to its file at once
     await store.create_segment("s1", 0)
     acked = await fill(store, "s1", 0, 5)
     await store.crash()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,60 @@ async def test_a_seal_without_a_descriptor_is_refused_alone(
     assert not store.failed
     faulty_runtime.faulty_disk.faults.clear()
     assert (await store.seal("a", 1)).end_offset == 1
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0)  # a loop turn: the writer task runs
+
+
+async def test_small_appends_to_many_segments_wait_for_the_checkpoint_one_write_each(
+    open_fps: StoreFactory,
+) -> None:
+    store = await open_fps(group_commit_ms=1.0, checkpoint_ms=60_000.0)
+    await asyncio.gather(*(store.create_segment(_sid(n), 0) for n in range(SEGMENTS)))
+    acked = [await _fill_all(store, start) for start in range(3)]
+    assert store.stats.segment_writes == 0  # in the synced WAL and in memory, not one write each
+    assert await store.checkpoint()  # writes them, syncs them, and releases the WAL
+    assert store.stats.segment_writes == SEGMENTS  # three appends, one write per segment
+    await store.close()
+    store = await open_fps()
+    for n in range(SEGMENTS):
+        expected = [entries[_sid(n)] for entries in acked]
+        assert await store.read(_sid(n), 0, 1 << 20) == expected
+
+
+async def test_a_segment_with_enough_unwritten_bytes_is_written_without_the_checkpoint(
+    open_fps: StoreFactory,
+) -> None:
+    store = await open_fps(group_commit_ms=1.0, checkpoint_ms=60_000.0, segment_write_bytes=4096)
+    await store.create_segment("big", 0)
+    await store.create_segment("small", 0)
+    await store.append("small", 0, 1, b"s")
+    await store.append("big", 0, 1, b"b" * 5000)
+    await asyncio.wait_for(_until(lambda: store.stats.segment_writes == 1), 30)
+    segments = store.data_dir / "segments"
+    assert (segments / "big.seg").exists() and not (segments / "small.seg").exists()
+    assert store.stats.checkpoints == 0
+
+
+async def test_a_read_of_frames_not_in_the_file_nor_the_cache_writes_them(
+    open_fps: StoreFactory,
+) -> None:
+    store = await open_fps(group_commit_ms=1.0, checkpoint_ms=60_000.0, read_cache_bytes_max=0)
+    await store.create_segment("s", 0)
+    entries = [await store.append("s", n, 1, b"v%d" % n) for n in range(3)]
+    assert store.stats.segment_writes == 0
+    assert await store.read("s", 0, 1 << 20) == entries
+    assert store.stats.segment_writes == 1
+
+
+async def test_unwritten_bytes_past_the_bound_are_all_written(open_fps: StoreFactory) -> None:
+    store = await open_fps(group_commit_ms=1.0, checkpoint_ms=60_000.0, unwritten_bytes_max=10_000)
+    await asyncio.gather(*(store.create_segment(_sid(n), 0) for n in range(SEGMENTS)))
+    for start in range(2):
+        await asyncio.gather(
+            *(store.append(_sid(n), start, 1, b"x" * 100) for n in range(SEGMENTS))
+        )
+    await asyncio.wait_for(_until(lambda: store.stats.segment_writes >= SEGMENTS), 30)
+    assert store.stats.checkpoints == 0
