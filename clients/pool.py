@@ -85,8 +85,11 @@ class BackendPool:
             self._producers[key] = producer
         return producer
 
-    def reader(self, cluster: PhysicalCluster, physical_topic: str) -> ShardReader:
-        return self.backend(cluster).reader(physical_topic, self.reader_options)
+    def reader(
+        self, cluster: PhysicalCluster, physical_topic: str, options: ReaderOptions | None = None
+    ) -> ShardReader:
+        """A new reader of ``physical_topic``: with ``options``, else the pool's."""
+        return self.backend(cluster).reader(physical_topic, options or self.reader_options)
 
     async def flush(self) -> None:
         for producer in list(self._producers.values()):

@@ -120,6 +120,7 @@ class KafkaShardReader(ShardReader):
         self._assigned: dict[int, int] = {}
         self._deferred: XinfraError | None = None
         self._buffer: list[ConsumedRecord] = []
+        self._record_type, self._record_prefix = options.record_type, options.record_prefix
         self._in_flight: tuple[int, dict[int, int] | None, asyncio.Future[_Consumed]] | None = None
         self._closed = False
 
@@ -223,12 +224,13 @@ class KafkaShardReader(ShardReader):
             # librdkafka's consume waits for its whole count: wait for one record, never more.
             chunk = 1
             messages = consume(chunk, timeout_s)
-        records, failed = to_records(messages)
+        cls, prefix = self._record_type, self._record_prefix
+        records, failed = to_records(messages, cls, prefix)
         while len(messages) == chunk and not failed and len(records) < max_records:
             chunk = min(max_records - len(records), CONSUME_CHUNK_RECORDS)
             del messages  # dropped before the next chunk is made
             messages = consume(chunk, 0)
-            more, failed = to_records(messages)
+            more, failed = to_records(messages, cls, prefix)
             records += more
         error: XinfraError | None = None
         if failed:

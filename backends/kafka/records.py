@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import repeat
 from operator import is_not, itemgetter
+from typing import Any
 
 from confluent_kafka import Message
 
@@ -41,12 +42,21 @@ _timestamp_ms = itemgetter(1)
 """``Message.timestamp()`` is (type, milliseconds)."""
 
 
-def to_records(messages: Sequence[Message]) -> tuple[list[ConsumedRecord], list[Message]]:
-    """The records among ``messages``, in order, and the messages that carry an error."""
+def to_records(
+    messages: Sequence[Message],
+    cls: type[tuple[Any, ...]] = ConsumedRecord,
+    prefix: tuple[Any, ...] = (),
+) -> tuple[list[Any], list[Message]]:
+    """The records among ``messages``, in order, and the messages that carry an error.
+
+    Each record is ``cls(*prefix, *consumed_record)`` (``ReaderOptions.record_type`` and
+    ``record_prefix``): a ``ConsumedRecord`` unless the reader was asked otherwise.
+    """
     if not any(map(_headers, messages)) and not any(
         map(is_not, map(_error, messages), repeat(None))
     ):
         rows = zip(
+            *map(repeat, prefix),
             map(_partition, messages),
             map(_offset, messages),
             map(_timestamp_ms, map(_timestamp, messages)),
@@ -54,15 +64,16 @@ def to_records(messages: Sequence[Message]) -> tuple[list[ConsumedRecord], list[
             map(_value, messages),
             repeat(()),
         )
-        return list(map(tuple.__new__, repeat(ConsumedRecord), rows)), []
-    return _one_by_one(messages)
+        return list(map(tuple.__new__, repeat(cls), rows)), []
+    return _one_by_one(messages, cls, prefix)
 
 
-def _one_by_one(messages: Sequence[Message]) -> tuple[list[ConsumedRecord], list[Message]]:
+def _one_by_one(
+    messages: Sequence[Message], cls: type[tuple[Any, ...]], prefix: tuple[Any, ...]
+) -> tuple[list[Any], list[Message]]:
     """``to_records`` of a chunk with headers or errors: a loop over the messages."""
     new = tuple.__new__
-    cls = ConsumedRecord
-    records: list[ConsumedRecord] = []
+    records: list[Any] = []
     append = records.append
     failed: list[Message] = []
     for message in messages:
@@ -74,6 +85,7 @@ def _one_by_one(messages: Sequence[Message]) -> tuple[list[ConsumedRecord], list
             new(
                 cls,
                 (
+                    *prefix,
                     message.partition(),
                     message.offset(),
                     message.timestamp()[1],

@@ -24,8 +24,8 @@ from sdk_live import (
     needs_kafka,
     needs_northguard,
     read_all,
-    wait_until,
 )
+from waiting import wait_until
 
 from clients import XinfraProducer, XinfraProducerOptions, open_consumer, open_producer
 from xinfra.model import EpochState, Position, TopicMetadata

@@ -12,12 +12,13 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import pytest
 from containers import KAFKA_IS_TANSU
 from contract_support import Broker, cluster
 
-from xinfra.backend import Backend, ProducerOptions, ShardReader, open_backend
+from xinfra.backend import Backend, ProducerOptions, ReaderOptions, ShardReader, open_backend
 from xinfra.errors import (
     Backpressure,
     InvalidRequest,
@@ -164,6 +165,48 @@ async def test_records_come_back_in_order_with_offsets_keys_values_headers_times
             for offset, record in sent[shard]
         ]
     assert {record.shard for record in got} == {1, 2}
+
+
+class _Tagged(NamedTuple):
+    """A record type of the reader's caller: two fields of its own before a ``ConsumedRecord``'s."""
+
+    topic: str
+    epoch: int
+    shard: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+async def test_a_reader_makes_records_of_the_type_and_prefix_it_was_given(
+    backend: Backend, topic_name: str
+) -> None:
+    """``ReaderOptions.record_type/record_prefix``: how the SDK gets its records made once."""
+    await backend.create_topic(topic_name, shard_ranges(1))
+    producer = backend.producer(topic_name)
+    plain = [
+        Record(value=b"v%d" % i, key=b"k%d" % i, timestamp_ms=1_700_000_000_000 + i)
+        for i in range(3)
+    ]
+    await producer.send(0, plain)
+    await producer.send(0, make_records(0, 2))  # with headers
+    await producer.close()
+    expected = [(r.timestamp_ms, r.key, r.value, r.headers) for r in plain + make_records(0, 2)]
+
+    reader = backend.reader(
+        topic_name, ReaderOptions(record_type=_Tagged, record_prefix=("virtual", 7))
+    )
+    try:
+        reader.assign({0: 0})
+        got = await read_until(reader, len(expected))
+    finally:
+        await reader.close()
+    assert all(type(record) is _Tagged for record in got)
+    assert list(got) == [
+        _Tagged("virtual", 7, 0, offset, *fields) for offset, fields in enumerate(expected)
+    ]
 
 
 async def test_reading_from_an_offset_continues_there(backend: Backend, topic_name: str) -> None:

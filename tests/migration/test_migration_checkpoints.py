@@ -23,9 +23,9 @@ from sdk_live import (
     assert_per_key_order,
     needs_kafka,
     needs_northguard,
-    wait_until,
 )
 from test_migration_live import call, load, more
+from waiting import wait_until
 
 from clients import GroupOptions, XinfraConsumer, open_consumer
 from clients.consumer import XinfraRecord

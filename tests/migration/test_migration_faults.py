@@ -30,10 +30,10 @@ from sdk_live import (
     assert_per_key_order,
     needs_kafka,
     needs_northguard,
-    wait_until,
 )
 from test_migration_live import call, load, more
 from test_sdk_epochs import _read_from_beginning
+from waiting import wait_until
 
 from xinfra.model import Position
 from xinfra.services.process import ManagedProcess

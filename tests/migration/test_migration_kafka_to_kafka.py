@@ -18,10 +18,10 @@ from sdk_live import (
     assert_exactly_once,
     assert_per_key_order,
     needs_kafka,
-    wait_until,
 )
 from test_migration_live import call, group_reading, load, more
 from test_sdk_epochs import _check_read_back, assert_acked_inside_sealed_epochs
+from waiting import wait_until
 
 from xinfra.model import EpochState
 

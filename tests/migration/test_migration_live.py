@@ -22,7 +22,6 @@ from sdk_live import (
     assert_per_key_order,
     needs_kafka,
     needs_northguard,
-    wait_until,
 )
 from test_sdk_epochs import (  # the load generator and read-back checks of the epoch tests
     Stream,
@@ -31,6 +30,7 @@ from test_sdk_epochs import (  # the load generator and read-back checks of the 
     assert_acked_inside_sealed_epochs,
 )
 from timed_load import load, timed_load  # keyed load; the same timing each send
+from waiting import wait_until
 
 from clients import GroupOptions, open_consumer
 from migration.machine import producer_stall_s_max

@@ -22,11 +22,11 @@ from sdk_live import (
     assert_exactly_once,
     assert_per_key_order,
     needs_northguard,
-    wait_until,
 )
 from test_migration_live import call, group_reading, more
 from test_sdk_epochs import _check_read_back, assert_acked_inside_sealed_epochs
 from timed_load import timed_load
+from waiting import wait_until
 
 from migration.machine import producer_stall_s_max
 from xinfra.backend import open_backend

@@ -34,3 +34,12 @@ def test_a_whole_call_in_one_batch_and_equality_with_lists() -> None:
     assert positions == [Position(3, 1, 40), Position(3, 1, 41)]
     assert positions != [Position(3, 1, 40)]
     assert Positions(0) == [] and list(Positions(0)) == []
+
+
+def test_places_are_applied_at_the_first_read_in_order_and_after_it() -> None:
+    positions = Positions(3)
+    positions.place([0, 2], 1, 0, [10, 11])
+    assert len(positions) == 3
+    assert positions[2] == Position(1, 0, 11)
+    positions.place([1], 2, 3, [0])
+    assert list(positions) == [Position(1, 0, 10), Position(2, 3, 0), Position(1, 0, 11)]

@@ -26,6 +26,7 @@ import itertools
 import ssl
 from collections.abc import Mapping, Sequence
 from itertools import repeat
+from typing import Any
 
 from backends.northguard.batch import check_batch, decode_batch
 from backends.northguard.client.admin import AdminClient, TopicView
@@ -199,11 +200,15 @@ class NorthguardReader(ShardReader):
                 if base_offset + count <= position:
                     continue
                 skip = max(0, position - base_offset)
-                # (shard, offset) + (ts, key, value, headers)
-                records = list(
+                # (*record_prefix, shard, offset) + (ts, key, value, headers)
+                records: list[Any] = list(
                     prefixed(
-                        ConsumedRecord,
-                        zip(repeat(shard), itertools.count(base_offset + skip)),
+                        self._options.record_type,
+                        zip(
+                            *map(repeat, self._options.record_prefix),
+                            repeat(shard),
+                            itertools.count(base_offset + skip),
+                        ),
                         decode_batch(batch, skip),
                     )
                 )
