@@ -500,23 +500,14 @@ class XinfraProducer:
         else:
             self._buffered_bytes += total
         call = _BatchCall(future, len(records))
-        full = False
         for shard, (indices, routed, sizes) in enumerate(by_shard):
             if indices:
-                full |= self._enqueue_many(topic, shard, routed, _Chunk(call, indices), sizes)
-        if full:
-            # A full batch goes to the backend now, not once the application next waits: an
-            # application that sends faster than it waits would otherwise queue up to the
-            # whole buffer here before any of it is sent, each record outliving collections
-            # that scan it again (callgrind, the bench's loop over an in-memory backend:
-            # 15.4k -> 15.1k instructions per record; the bare loop 12.0k).
-            await asyncio.sleep(0)
+                self._enqueue_many(topic, shard, routed, _Chunk(call, indices), sizes)
         return future
 
     def _enqueue_many(
         self, topic: str, shard: int, records: list[Record], chunk: _Chunk, sizes: list[int]
-    ) -> bool:
-        """Queue a call's records for one shard; whether its queue now holds a full batch."""
+    ) -> None:
         queue = self._queues.get((topic, shard)) or self._queue(topic, shard)
         if not queue.records:
             queue.oldest_s = self._loop.time()
@@ -528,10 +519,6 @@ class XinfraProducer:
         queue.wakeup.set()
         if records[-1].key is None and self._sticky_shard.get(topic) == shard:
             self._next_sticky(topic, len(self._watches[topic].current.current_epoch.shards))
-        return (
-            len(queue.records) >= self.options.batch_records_max
-            or queue.bytes >= self.options.batch_bytes_max
-        )
 
     def _enqueue(self, topic: str, shard: int, record: Record, sink: _Sink, size: int) -> None:
         queue = self._queues.get((topic, shard)) or self._queue(topic, shard)

@@ -94,20 +94,6 @@ async def test_keyless_records_spread_evenly_and_produce_to_a_shard(
     ], "records to one shard keep their order"
 
 
-async def test_a_full_batch_goes_to_the_backend_before_send_batch_returns(
-    live: LiveService, kafka: str, cleanup: list[Any]
-) -> None:
-    """A loop of ``send_batch`` calls that never waits otherwise still has its batches sent
-    as they fill, rather than its whole buffer queued first and sent at ``flush``."""
-    await live.create_topic("eager", kafka, 1)
-    options = XinfraProducerOptions(batch_records_max=50, linger_ms=60_000)
-    producer, _consumer = await _clients(live, cleanup, options)
-    sent = await producer.send_batch("eager", [Record(b"v%d" % i) for i in range(50)])
-    assert [len(queue.records) for queue in producer._queues.values()] == [0]
-    await producer.flush()
-    assert [p.offset for p in sent.result()] == list(range(50))
-
-
 async def test_back_pressure_bounds_memory_and_close_loses_nothing(
     live: LiveService, kafka: str, cleanup: list[Any]
 ) -> None:
