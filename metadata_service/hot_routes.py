@@ -155,14 +155,8 @@ class HotRoutes:
         """A request this may answer, from its head (``scope`` as uvicorn built it); None: ASGI."""
         if scope["query_string"]:
             return None
-        method, path = scope["method"], scope["path"]
-        if method == "GET":
-            match, commit = _READ_PATH.fullmatch(path), False
-        elif method == "POST":
-            match, commit = _COMMIT_PATH.fullmatch(path), True
-        else:
-            return None
-        if match is None:
+        method = scope["method"]
+        if method not in ("GET", "POST"):
             return None
         authorization = None
         declared = b""
@@ -171,12 +165,10 @@ class HotRoutes:
                 authorization = value.decode("latin-1")
             elif name == b"content-length":
                 declared = value
+        commit = method == "POST"
         if commit and not (declared.isdigit() and int(declared) <= self.body_bytes_max):
             return None
-        principal = self.tokens.authenticate_cached(authorization)
-        if principal is None or not principal.can_read(match[1]):
-            return None
-        return HotRequest(commit, match[1], match[2], path, principal, time.perf_counter())
+        return self._request(commit, scope["path"], authorization)
 
     def commit_direct(
         self, path: str, authorization: str | None, body: bytes, respond: Respond
@@ -184,14 +176,21 @@ class HotRoutes:
         """A whole commit request the protocol parsed itself (``server.direct_head``), answered
         as ``begin`` then ``finish`` answer one; False, with no side effect, when they would
         leave it to ASGI (the protocol then feeds it to its parser as it came)."""
-        match = _COMMIT_PATH.fullmatch(path)
-        if match is None or len(body) > self.body_bytes_max:
+        if len(body) > self.body_bytes_max:
             return False
+        request = self._request(True, path, authorization)
+        return request is not None and self._commit(request, body, respond)
+
+    def _request(self, commit: bool, path: str, authorization: str | None) -> HotRequest | None:
+        """The request of ``path`` (a commit's or a read's), when its token is known without a
+        store read and may read the virtual cluster; None: ASGI answers it."""
+        match = (_COMMIT_PATH if commit else _READ_PATH).fullmatch(path)
+        if match is None:
+            return None
         principal = self.tokens.authenticate_cached(authorization)
         if principal is None or not principal.can_read(match[1]):
-            return False
-        request = HotRequest(True, match[1], match[2], path, principal, time.perf_counter())
-        return self._commit(request, body, respond)
+            return None
+        return HotRequest(commit, match[1], match[2], path, principal, time.perf_counter())
 
     def finish(self, request: HotRequest, body: bytes, respond: Respond) -> bool:
         """Answer ``request`` through ``respond`` (now or once durable); False: ASGI answers."""
