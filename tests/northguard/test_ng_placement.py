@@ -125,3 +125,15 @@ def test_missing_replicas_counts_what_a_set_lacks_under_the_policy() -> None:
     pinned = StoragePolicy("pinned", constraints=(Constraint("rack=r1", 1), Constraint("*", 1)))
     assert missing_replicas(pinned, [r2]) == 1  # r2 fills "*", nothing fills rack=r1
     assert missing_replicas(pinned, [r2, r1]) == 0
+
+
+def test_healing_and_the_shortfall_agree_on_distinct_values() -> None:
+    """A set that ``missing_replicas`` finds short is one healing adds to: two copies on one
+    rack count once under a distinct-rack policy (copies placed by count before the policy
+    was defined), so the third goes to the rack none holds."""
+    spread = StoragePolicy("spread", constraints=(Constraint("*", 3),), distinct_by="rack")
+    current = [RACKS[0], RACKS[3], RACKS[1]]  # racks r1, r1, r2
+    assert missing_replicas(spread, current) == 1
+    assert choose_additional_replica(spread, RACKS, {}, current) == "3"
+    with pytest.raises(InvalidRequest):
+        choose_additional_replica(spread, RACKS, {}, [*current, RACKS[2]])

@@ -1382,7 +1382,7 @@ class Coordinator:
         for segment in ordered:
             meta = self.state.ranges[segment.range_id]
             topic = self.state.topics[meta.topic]
-            wanted = sum(c.count for c in self._policy(topic).constraints)
+            wanted = self._policy(topic).replicas
             if len(segment.replicas) < wanted:
                 under.append(segment.segment_id)
             if len(segments) >= STATUS_SEGMENTS_MAX:
@@ -1459,7 +1459,7 @@ class Coordinator:
                 continue
             topic = self.state.topics[self.state.ranges[segment.range_id].topic]
             policy = self._policy(topic)
-            if len(segment.replicas) >= sum(c.count for c in policy.constraints):
+            if len(segment.replicas) >= policy.replicas:
                 continue
             short += 1
             if segment.segment_id in self._healing or len(self._healing) >= HEALING_MAX:

@@ -207,14 +207,14 @@ def with_replication_factor(policy: StoragePolicy, factor: int) -> StoragePolicy
     return policy
 
 
-def missing_replicas(policy: StoragePolicy, current: Sequence[BrokerInfo]) -> int:
-    """Replicas ``current`` lacks to satisfy ``policy`` (0: satisfied): per constraint, the count
-    less the brokers of ``current`` that match it and no earlier constraint, with distinct
-    values of ``distinct_by`` where the policy asks."""
+def _matched(policy: StoragePolicy, current: Sequence[BrokerInfo]) -> list[int]:
+    """Per constraint, how many brokers of ``current`` count for it: those matching it and no
+    earlier constraint, up to its count, with distinct values of ``distinct_by`` where the
+    policy asks (two replicas on one rack count once)."""
     used: set[str] = set()
     taken: set[str] = set()
     key = policy.distinct_by
-    missing = 0
+    counted: list[int] = []
     for constraint in policy.constraints:
         matched = 0
         for broker in current:
@@ -229,8 +229,17 @@ def missing_replicas(policy: StoragePolicy, current: Sequence[BrokerInfo]) -> in
                 taken.add(value)
             used.add(broker.broker_id)
             matched += 1
-        missing += constraint.count - matched
-    return missing
+        counted.append(matched)
+    return counted
+
+
+def missing_replicas(policy: StoragePolicy, current: Sequence[BrokerInfo]) -> int:
+    """Replicas ``current`` lacks to satisfy ``policy`` (0: satisfied), counted as ``_matched``
+    counts them."""
+    return sum(
+        c.count - matched
+        for c, matched in zip(policy.constraints, _matched(policy, current), strict=True)
+    )
 
 
 def choose_additional_replica(
@@ -241,17 +250,11 @@ def choose_additional_replica(
 ) -> str:
     """One broker to add to a sealed segment's replica set ``current`` (re-replication): the
     least loaded live broker outside it that fills the first constraint ``current`` falls short
-    of; ``Unavailable`` when none can."""
+    of (as ``missing_replicas`` counts it); ``Unavailable`` when none can."""
     held = {b.broker_id for b in current}
-    used: set[str] = set()
-    for constraint in policy.constraints:
-        matching = [
-            b.broker_id
-            for b in current
-            if b.broker_id not in used and constraint.matches(b.attributes)
-        ][: constraint.count]
-        used.update(matching)
-        if len(matching) >= constraint.count:
+    counted = _matched(policy, current)
+    for constraint, matched in zip(policy.constraints, counted, strict=True):
+        if matched >= constraint.count:
             continue
         key = policy.distinct_by
         taken = {b.attributes.get(key) for b in current} if key is not None else set()
