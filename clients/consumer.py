@@ -35,7 +35,6 @@ import re
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from itertools import repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
@@ -52,7 +51,6 @@ from xinfra.model import (
     Position,
     TopicMetadata,
     mirrored_position,
-    prefixed,
 )
 
 if TYPE_CHECKING:
@@ -62,10 +60,6 @@ log = logging.getLogger(__name__)
 
 StartAt = Literal["earliest", "latest"]
 _SHARD_OF = attrgetter("shard")
-ACCEPT_CHUNK_RECORDS = 512
-"""Backend records converted at a time, then dropped (a backend that made ``ConsumedRecord``s):
-below the collector's young threshold (700 allocations), so it never sees both copies of a
-poll's records."""
 POLL_SLICE_S = 0.05
 """How long one reader is polled before the next gets its turn, when several are active."""
 _EPOCHS = ("", -1)
@@ -100,8 +94,8 @@ class XinfraRecord(NamedTuple):
     ``record_type`` and ``record_prefix``: ``(topic, epoch)``), so the SDK adds
     no object per record: copying each ``ConsumedRecord`` into one of these
     was most of the SDK's reading cost (callgrind, bench loop: 2.85k
-    instructions per record over the bare loop's 8.5k).  A backend that
-    ignores those options still works: ``poll`` copies its records.
+    instructions per record over the bare loop's 8.5k).  Every reader makes
+    them: the options are the backend contract's (``ShardReader.poll``).
     """
 
     topic: str
@@ -543,8 +537,8 @@ class XinfraConsumer:
         migration target.  A reader returns each shard's records in offset
         order, so a run of one shard that starts at or past its cursor and ends
         before the epoch's end is taken whole, without a look at each record.
-        ``raw`` is consumed: its records are dropped as they are converted
-        (``XinfraRecord``s the reader made are taken as they are).
+        ``raw``'s records are the reader's, made as ``XinfraRecord``s
+        (``ReaderOptions.record_type``): taken as they are.
         """
         topic, epoch_number = key
         metadata = self._watches[topic].current
@@ -554,43 +548,38 @@ class XinfraConsumer:
         ends = epoch.end_offsets
         source = _rollback_source(metadata, epoch)
         out: list[XinfraRecord] = []
-        made = bool(raw) and type(raw[0]) is XinfraRecord
-        chunk = len(raw) if made else ACCEPT_CHUNK_RECORDS
-        while raw:
-            piece = raw[:chunk]
-            del raw[:chunk]
-            for shard, group in itertools.groupby(piece, _SHARD_OF):
-                cursor = self._cursors.get((topic, shard))
-                if cursor is None or cursor.paused or cursor.epoch != epoch_number:
-                    continue  # unassigned, paused, or moved on
-                run = list(group)
-                end = ends.get(shard, 0) if ends is not None else None
-                if (
-                    cursor.mirror_source is None
-                    and run[0].offset >= cursor.offset
-                    and (end is None or run[-1].offset < end)
-                ):
-                    cursor.offset = run[-1].offset + 1
-                    out.extend(run if made else prefixed(XinfraRecord, repeat(key), run))
-                    if source is not None:
-                        _note_mirror(cursor, source.number, run[-1].headers)
-                    continue
-                for record in run:
-                    offset = record.offset
-                    if offset < cursor.offset:
-                        continue  # already delivered
-                    if end is not None and offset >= end:
-                        break  # written after the virtual seal: not part of the topic
-                    cursor.offset = offset + 1
-                    if cursor.mirror_source is not None:
-                        mirrored = mirrored_position(record.headers)
-                        if mirrored is not None and mirrored.epoch == cursor.mirror_source[0]:
-                            if mirrored.offset < cursor.mirror_source[1]:
-                                continue  # delivered from the source epoch already
-                            cursor.mirror_source = None  # past the mirrored prefix
-                    out.append(record if made else XinfraRecord(topic, epoch_number, *record))
-                    if source is not None:
-                        _note_mirror(cursor, source.number, record.headers)
+        for shard, group in itertools.groupby(raw, _SHARD_OF):
+            cursor = self._cursors.get((topic, shard))
+            if cursor is None or cursor.paused or cursor.epoch != epoch_number:
+                continue  # unassigned, paused, or moved on
+            run = list(group)
+            end = ends.get(shard, 0) if ends is not None else None
+            if (
+                cursor.mirror_source is None
+                and run[0].offset >= cursor.offset
+                and (end is None or run[-1].offset < end)
+            ):
+                cursor.offset = run[-1].offset + 1
+                out.extend(run)
+                if source is not None:
+                    _note_mirror(cursor, source.number, run[-1].headers)
+                continue
+            for record in run:
+                offset = record.offset
+                if offset < cursor.offset:
+                    continue  # already delivered
+                if end is not None and offset >= end:
+                    break  # written after the virtual seal: not part of the topic
+                cursor.offset = offset + 1
+                if cursor.mirror_source is not None:
+                    mirrored = mirrored_position(record.headers)
+                    if mirrored is not None and mirrored.epoch == cursor.mirror_source[0]:
+                        if mirrored.offset < cursor.mirror_source[1]:
+                            continue  # delivered from the source epoch already
+                        cursor.mirror_source = None  # past the mirrored prefix
+                out.append(record)
+                if source is not None:
+                    _note_mirror(cursor, source.number, record.headers)
         return out
 
     async def _advance_epochs(self) -> None:
