@@ -10,13 +10,23 @@ epoch.
 
 Promises:
 
-* **Per-shard order**, also across retries: each (topic, shard) has one batch
-  in flight at a time, and a failed batch is retried before the next is sent.
-  During dual writes that holds on the source; the target's copies follow in
-  the same order, pipelined: batch N+1 goes to the source while batch N's
-  copy is in flight to the target (at most ``MIRROR_BATCHES_IN_FLIGHT_MAX``).
-  A copy that fails is re-sent, with every copy issued after it, before any
-  new one, and a record is acknowledged only once every copy is durable.
+* **Per-shard order**, also across retries.  A ``send_batch`` to a topic with
+  one write epoch, on a shard with nothing queued, goes straight to the
+  backend (``_send_direct``): the backend keeps the order of its sends and
+  retries them itself until ``delivery_timeout_s``, as Kafka's producer does,
+  so such writes are pipelined and the SDK keeps no reference to their
+  records (records held until acknowledged are what the collector rescans:
+  holding them cost the SDK a sixth of its produce throughput).  A direct
+  write that fails is reported failed, not re-sent: a later write of the
+  shard may already be stored, and re-sending would reorder the shard.
+  Everything else (``send``, records queued behind a batch, dual writes) goes
+  through the shard's queue: one batch in flight at a time, a failed batch
+  retried before the next is sent.  During dual writes that holds on the
+  source; the target's copies follow in the same order, pipelined: batch N+1
+  goes to the source while batch N's copy is in flight to the target (at most
+  ``MIRROR_BATCHES_IN_FLIGHT_MAX``).  A copy that fails is re-sent, with every
+  copy issued after it, before any new one, and a record is acknowledged only
+  once every copy is durable.
 * **At least once**: a retried batch may be stored twice (the backend said it
   may or may not have it); the SDK never drops one it was not told failed.
 * **Bounded memory**: at most ``buffer_bytes_max`` payload bytes wait; ``send``
@@ -95,12 +105,14 @@ class XinfraProducerOptions:
     """One metadata long-poll; a change is seen at once, this only bounds an idle request."""
 
     def backend_options(self) -> ProducerOptions:
-        # The SDK batches; the backend should send what it gets at once.
+        """The SDK batches, so the backend sends what it gets at once; it retries a write until
+        the SDK's delivery deadline (a direct write is retried by the backend alone)."""
         return ProducerOptions(
             linger_ms=1.0,
             batch_bytes_max=self.batch_bytes_max,
             buffer_bytes_max=self.buffer_bytes_max + (self.batch_bytes_max << 1),
             record_bytes_max=self.record_bytes_max,
+            request_timeout_s=self.delivery_timeout_s,
         )
 
 
@@ -237,17 +249,21 @@ _Sink = asyncio.Future[Position] | _Chunk
 
 
 class _Flight:
-    """A batch whose first write epoch acknowledged it, with its later writes (the mirror) in flight.
+    """A batch with writes in flight that the shard's resolver completes in order.
 
-    The shard's sender issues those writes and goes on to the next batch; the
-    shard's resolver takes the flights in order and resolves each batch's
-    records once every one of its writes is acknowledged.  ``settled``: the
-    sender already resolved (or failed) the batch; only its place in the
-    order remains, so that a shard's batches complete in order.
+    Either a batch whose first write epoch acknowledged it, with its later
+    writes (the mirror) in flight: the shard's sender issues those writes and
+    goes on to the next batch.  Or a direct write (``records`` None: the SDK
+    keeps no reference to them), whose one write is its first.  The shard's
+    resolver takes the flights in order and resolves each batch's records once
+    every one of its writes is acknowledged.  ``settled``: the sender already
+    resolved (or failed) the batch; only its place in the order remains, so
+    that a shard's batches complete in order.
     """
 
     __slots__ = (
         "batch_bytes",
+        "count",
         "deadline",
         "done",
         "first",
@@ -259,7 +275,7 @@ class _Flight:
 
     def __init__(
         self,
-        records: list[Record],
+        records: list[Record] | None,
         sinks: list[_Sink],
         batch_bytes: int,
         deadline: float,
@@ -268,6 +284,7 @@ class _Flight:
         settled: bool = False,
     ) -> None:
         self.records = records
+        self.count = len(sinks)
         self.sinks = sinks
         self.batch_bytes = batch_bytes
         self.deadline = deadline
@@ -307,6 +324,8 @@ class _ShardQueue:
     """Set (and replaced) whenever a flight completes or a repair ends."""
     repairing: bool = False
     """The resolver re-sends failed later writes, in order: nothing new is issued meanwhile."""
+    delivering: bool = False
+    """The sender holds a batch it took: nothing may go straight to the backend before it."""
     resolver: asyncio.Task[None] | None = None
 
 
@@ -500,10 +519,55 @@ class XinfraProducer:
         else:
             self._buffered_bytes += total
         call = _BatchCall(future, len(records))
+        metadata = watch.current
+        epochs = metadata.write_epochs
+        direct = epochs[0] if len(epochs) == 1 and not metadata.topic.sealed else None
         for shard, (indices, routed, sizes) in enumerate(by_shard):
             if indices:
-                self._enqueue_many(topic, shard, routed, _Chunk(call, indices), sizes)
+                chunk = _Chunk(call, indices)
+                if direct is None or not self._send_direct(
+                    metadata, direct, shard, routed, chunk, sum(sizes)
+                ):
+                    self._enqueue_many(topic, shard, routed, chunk, sizes)
+                elif routed[-1].key is None and self._sticky_shard.get(topic) == shard:
+                    self._next_sticky(topic, count)
         return future
+
+    def _send_direct(
+        self,
+        metadata: TopicMetadata,
+        epoch: Epoch,
+        shard: int,
+        records: list[Record],
+        chunk: _Chunk,
+        reserved: int,
+    ) -> bool:
+        """Hand ``records`` to the backend now, as a flight; False (nothing sent) to queue them.
+
+        Only when nothing of the shard may go before them: no records queued,
+        no batch held by the sender, no flight but direct ones (whose order the
+        backend keeps, ``xinfra.backend``'s *Order*).  The flight keeps the
+        records' sinks and reserved bytes, not the records.
+        """
+        topic = metadata.topic.name
+        queue = self._queues.get((topic, shard)) or self._queue(topic, shard)
+        if (
+            queue.records
+            or queue.delivering
+            or queue.repairing
+            or (queue.flights and queue.flights[-1].records is not None)
+        ):
+            return False
+        try:
+            write = self._issue(metadata, epoch, shard, records, None)
+        except XinfraError:  # refused at once (no room, no connection yet): the queue retries
+            return False
+        count = len(records)
+        flight = _Flight(None, [chunk] * count, reserved, 0.0)
+        flight.writes.append((epoch.number, write))
+        queue.appended += count
+        self._push_flight(queue, flight)
+        return True
 
     def _enqueue_many(
         self, topic: str, shard: int, records: list[Record], chunk: _Chunk, sizes: list[int]
@@ -672,6 +736,7 @@ class XinfraProducer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(queue.wakeup.wait(), linger_left_s)
             records, sinks, sizes = self._take_batch(queue)
+            queue.delivering = True
             batch_bytes = sum(sizes)
             queue.bytes -= batch_bytes
             if self._sticky_shard.get(queue.topic) == queue.shard:
@@ -691,6 +756,7 @@ class XinfraProducer:
                 log.exception("producer %s/%s: delivery failed", queue.topic, queue.shard)
                 self._fail(sinks, error)
             finally:
+                queue.delivering = False
                 if not pipelined:
                     if queue.flights:  # complete in order, after the batches still in flight
                         flight = _Flight(records, sinks, batch_bytes, loop.time(), settled=True)
@@ -736,7 +802,9 @@ class XinfraProducer:
         then, oldest first, each flight re-sends what failed on an epoch and
         every later flight's write to that epoch (it was issued after the
         failed one, so keeping it would reorder the epoch), each through the
-        serial retry loop of ``_deliver`` until its deadline.
+        serial retry loop of ``_deliver`` until its deadline.  A direct write
+        is never re-sent (the SDK does not hold its records): it resolves, or
+        fails with the backend's error.
         """
         try:
             while queue.flights:
@@ -744,20 +812,35 @@ class XinfraProducer:
                 pending = [future for _, future in flight.writes if not future.done()]
                 if pending:
                     await asyncio.wait(pending)
-                if not flight.settled and not all(_succeeded(f) for _, f in flight.writes):
+                if (
+                    flight.records is not None
+                    and not flight.settled
+                    and not all(_succeeded(f) for _, f in flight.writes)
+                ):
                     await self._repair(queue)
                     continue
                 queue.flights.popleft()
                 try:
-                    if not flight.settled:
-                        assert flight.first is not None, "a flight has its first write"
-                        number, offsets = flight.first
-                        self._resolve(flight.sinks, number, queue.shard, offsets)
+                    self._land(flight, queue.shard)
                 finally:
-                    await self._complete(queue, len(flight.records), flight.batch_bytes)
+                    await self._complete(queue, flight.count, flight.batch_bytes)
                     self._flights_changed(queue)
         finally:
             queue.resolver = None
+
+    def _land(self, flight: _Flight, shard: int) -> None:
+        """Resolve a flight whose writes all ended: to its first write's positions, or failed."""
+        if flight.settled:
+            return
+        if flight.records is None:  # a direct write: its one write is the first
+            number, write = flight.writes[0]
+            if not _succeeded(write):
+                self._fail(flight.sinks, _failure(write))
+                return
+            flight.first = (number, write.result())
+        assert flight.first is not None, "a flight has its first write"
+        number, offsets = flight.first
+        self._resolve(flight.sinks, number, shard, offsets)
 
     async def _repair(self, queue: _ShardQueue) -> None:
         queue.repairing = True
@@ -769,7 +852,9 @@ class XinfraProducer:
             while queue.flights:
                 flight = queue.flights[0]
                 try:
-                    if not flight.settled:
+                    if flight.records is None:
+                        self._land(flight, queue.shard)
+                    elif not flight.settled:
                         for number, future in flight.writes:
                             if not _succeeded(future) or number in broken:
                                 broken.add(number)
@@ -790,7 +875,7 @@ class XinfraProducer:
                     self._fail(flight.sinks, error)
                 finally:
                     queue.flights.popleft()
-                    await self._complete(queue, len(flight.records), flight.batch_bytes)
+                    await self._complete(queue, flight.count, flight.batch_bytes)
         finally:
             queue.repairing = False
             self._flights_changed(queue)
@@ -904,6 +989,7 @@ class XinfraProducer:
         self, queue: _ShardQueue, metadata: TopicMetadata, epochs: list[Epoch], flight: _Flight
     ) -> None:
         """Issue the flight's writes to ``epochs`` (in order, not awaited) and queue it."""
+        assert flight.records is not None, "a mirror flight holds its records"
         for epoch in epochs:
             try:
                 future = self._issue(metadata, epoch, queue.shard, flight.records, flight.first)
@@ -1029,3 +1115,12 @@ class XinfraProducer:
 
 def _succeeded(future: asyncio.Future[list[int]]) -> bool:
     return future.done() and not future.cancelled() and future.exception() is None
+
+
+def _failure(future: asyncio.Future[list[int]]) -> BaseException:
+    """Why a write that ended did not succeed."""
+    if future.cancelled():
+        return InvalidRequest("the write was cancelled before it was acknowledged")
+    error = future.exception()
+    assert error is not None, "a failed write has its error"
+    return error

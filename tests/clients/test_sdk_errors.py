@@ -32,6 +32,7 @@ from xinfra.errors import (
     Unauthenticated,
     Unavailable,
 )
+from xinfra.model import Record
 from xinfra.services.ports import free_port
 
 QUICK = XinfraProducerOptions(metadata_timeout_s=1.0)
@@ -184,3 +185,31 @@ async def test_retries_against_a_dead_broker_fail_cleanly_and_store_nothing_twic
     assert futures and all(f.done() for f in futures)
     errors = [f.exception() for f in futures]
     assert all(isinstance(e, Unavailable) for e in errors), {type(e) for e in errors}
+
+
+@needs_kafka
+async def test_direct_writes_to_a_dead_broker_fail_and_free_the_buffer(
+    live: LiveService, doomed_kafka: tuple[str, Any], cleanup: list[Any]
+) -> None:
+    """``send_batch`` calls in flight at once, straight to the backend, when the broker dies:
+    each call fails with the backend's error once the delivery deadline passes (the backend
+    retried until then; the SDK holds no records to re-send), nothing hangs, and the buffer
+    they reserved is free again."""
+    cluster, process = doomed_kafka
+    await live.create_topic("gone", cluster, 2)
+    token = await live.client_token("app")
+    options = XinfraProducerOptions(delivery_timeout_s=3.0)
+    producer = await open_producer(live.url, token, VC, options=options, topics=["gone"])
+    cleanup.append(producer)
+    before = await producer.send_batch("gone", [Record(b"before", b"k")])
+    assert len(await before) == 1
+    process.stop()
+    futures = [
+        await producer.send_batch("gone", [Record(b"%d" % i, b"k%d" % i) for i in range(j, j + 50)])
+        for j in range(0, 500, 50)
+    ]
+    await producer.flush()
+    assert all(f.done() for f in futures)
+    errors = [f.exception() for f in futures]
+    assert all(isinstance(e, Unavailable) for e in errors), {type(e) for e in errors}
+    assert producer._buffered_bytes == 0

@@ -8,6 +8,7 @@ and resume, commit hooks, and riding through a metadata service that is down.
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections import Counter
 from typing import Any
@@ -298,3 +299,33 @@ async def test_send_batch_routes_each_record_and_resolves_positions_in_order(
     assert_exactly_once([r.value for r in records], set(expected))
     assert_per_key_order([r.value for r in records])
     assert all(r.position == expected[r.value] for r in records if r.value is not None)
+
+
+async def test_send_batch_hands_records_to_the_backend_and_keeps_no_reference(
+    live: LiveService, kafka: str, cleanup: list[Any]
+) -> None:
+    """On a topic with one write epoch, ``send_batch`` writes straight through: every call is in
+    flight at once, and once it returns neither the SDK nor the Kafka backend (librdkafka copies
+    what it is given) holds a record, so the collector never rescans records awaiting their
+    acknowledgement.  Order and positions are those of the calls."""
+    await live.create_topic("through", kafka, 2)
+    producer, consumer = await _clients(live, cleanup)
+    await producer.metadata("through")  # the watch, routing and backend producer made first
+    calls = []
+    for start in range(0, 2000, 250):
+        batch = [Record(keyed_value(i % 7, i), b"%d" % (i % 7)) for i in range(start, start + 250)]
+        calls.append((batch, await producer.send_batch("through", batch)))
+    for batch, _ in calls:
+        holders = [h for h in gc.get_referrers(batch[-1]) if h is not batch]
+        assert not holders, f"something besides the caller holds a record: {holders!r:.300}"
+    await producer.flush()
+    expected: dict[bytes, Position] = {}
+    for batch, future in calls:
+        for record, position in zip(batch, future.result(), strict=True):
+            assert record.value is not None
+            expected[record.value] = position
+    await consumer.assign("through")
+    records = await read_all(consumer, 2000)
+    assert_exactly_once([r.value for r in records], set(expected))
+    assert_per_key_order([r.value for r in records])
+    assert all(r.position == expected[r.value] for r in records)
