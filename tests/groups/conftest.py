@@ -7,9 +7,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from groups_harness import HEADERS, VC, ThreadService, group_config
+from groups_harness import ThreadService, group_config, register_kafka
 
 from metadata_service import ServiceConfig
 from metadata_service.migrate import upgrade_database
@@ -51,25 +50,3 @@ def kafka(service: ThreadService, kafka_bootstrap: str) -> str:
     """The session's tansu, registered as physical cluster ``kafka``."""
     register_kafka(service.url, kafka_bootstrap)
     return "kafka"
-
-
-def register_kafka(url: str, bootstrap: str) -> None:
-    response = httpx.post(
-        f"{url}/v1/clusters",
-        json={"name": "kafka", "kind": "kafka", "bootstrap": bootstrap},
-        headers=HEADERS,
-        timeout=30,
-    )
-    assert response.status_code in (201, 409), response.text
-
-
-def create_topic(url: str, name: str, shards: int, cluster: str = "kafka") -> dict[str, Any]:
-    response = httpx.post(
-        f"{url}/v1/vclusters/{VC}/topics",
-        json={"name": name, "cluster": cluster, "shards": shards},
-        headers=HEADERS,
-        timeout=60,
-    )
-    assert response.status_code == 201, response.text
-    body: dict[str, Any] = response.json()
-    return body

@@ -155,3 +155,27 @@ class ProcessService:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(5)
+
+
+def register_kafka(url: str, bootstrap: str) -> None:
+    """Register ``bootstrap`` as physical cluster ``kafka`` (again: a no-op)."""
+    response = httpx.post(
+        f"{url}/v1/clusters",
+        json={"name": "kafka", "kind": "kafka", "bootstrap": bootstrap},
+        headers=HEADERS,
+        timeout=30,
+    )
+    assert response.status_code in (201, 409), response.text
+
+
+def create_topic(url: str, name: str, shards: int, cluster: str = "kafka") -> dict[str, Any]:
+    """A virtual topic through the REST API; its metadata body."""
+    response = httpx.post(
+        f"{url}/v1/vclusters/{VC}/topics",
+        json={"name": name, "cluster": cluster, "shards": shards},
+        headers=HEADERS,
+        timeout=60,
+    )
+    assert response.status_code == 201, response.text
+    body: dict[str, Any] = response.json()
+    return body

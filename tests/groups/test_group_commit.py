@@ -9,8 +9,7 @@ import uuid
 
 import httpx
 import pytest
-from conftest import create_topic
-from groups_harness import HEADERS, VC, Deadline, ThreadService
+from groups_harness import HEADERS, VC, Deadline, ThreadService, create_topic
 from test_group_sdk import member, produce
 
 from clients import XinfraConsumer, XinfraRecord

@@ -13,8 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import create_topic, register_kafka
-from groups_harness import HEADERS, VC, Deadline, ProcessService
+from groups_harness import HEADERS, VC, Deadline, ProcessService, create_topic, register_kafka
 from test_group_sdk import assert_disjoint, member, produce
 
 from clients import XinfraConsumer

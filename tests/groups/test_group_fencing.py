@@ -16,8 +16,17 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import create_topic, register_kafka
-from groups_harness import ADMIN_TOKEN, HEADERS, HERE, ROOT, VC, Deadline, ThreadService
+from groups_harness import (
+    ADMIN_TOKEN,
+    HEADERS,
+    HERE,
+    ROOT,
+    VC,
+    Deadline,
+    ThreadService,
+    create_topic,
+    register_kafka,
+)
 from test_group_sdk import member, produce
 
 from metadata_service import ServiceConfig

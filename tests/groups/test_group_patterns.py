@@ -8,8 +8,7 @@ from __future__ import annotations
 import re
 import uuid
 
-from conftest import create_topic
-from groups_harness import Deadline, ThreadService
+from groups_harness import Deadline, ThreadService, create_topic
 from test_group_sdk import member, produce
 
 

@@ -9,8 +9,7 @@ import asyncio
 import uuid
 from collections import Counter
 
-from conftest import create_topic
-from groups_harness import ADMIN_TOKEN, VC, Deadline, ThreadService
+from groups_harness import ADMIN_TOKEN, VC, Deadline, ThreadService, create_topic
 from waiting import wait_until
 
 from clients import GroupOptions, XinfraConsumer, open_consumer, open_producer

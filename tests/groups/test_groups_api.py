@@ -8,8 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-from conftest import create_topic, register_kafka
-from groups_harness import HEADERS, VC, ThreadService
+from groups_harness import HEADERS, VC, ThreadService, create_topic, register_kafka
 from kazoo.client import KazooClient
 
 from metadata_service import ServiceConfig

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from conftest import create_topic
-from groups_harness import ADMIN_TOKEN, HEADERS, VC, ThreadService
+from groups_harness import ADMIN_TOKEN, HEADERS, VC, ThreadService, create_topic
 from test_group_sdk import produce
 
 
