@@ -37,10 +37,9 @@ from sqlalchemy.engine import URL
 from metadata_service.notify import TopicKey
 from metadata_service.runtime import Runtime
 from metadata_service.store.repository import (
-    READ_METADATA_MYSQL,
     MetadataBody,
     metadata_body,
-    metadata_keys_sql,
+    read_metadata_mysql,
 )
 from xinfra.errors import Unavailable
 
@@ -59,7 +58,7 @@ Fetch = Callable[[Sequence[TopicKey]], Awaitable[dict[TopicKey, MetadataBody | N
 
 
 class MysqlMetadataReads:
-    """``READ_METADATA_MYSQL`` on one asyncmy connection, opened on first use and again after
+    """``read_metadata_mysql`` on one asyncmy connection, opened on first use and again after
     any failure (a broken or timed-out connection is closed, never reused).  Event-loop only;
     one query at a time (``MetadataReader`` runs one batch at a time)."""
 
@@ -89,7 +88,7 @@ class MysqlMetadataReads:
         }
 
     async def __call__(self, keys: Sequence[TopicKey]) -> dict[TopicKey, MetadataBody | None]:
-        statement = READ_METADATA_MYSQL.format(keys=metadata_keys_sql(len(keys)))
+        statement = read_metadata_mysql(len(keys))
         arguments = [part for key in keys for part in key]
         try:
             async with asyncio.timeout(self.timeout_s):

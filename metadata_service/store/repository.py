@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.mysql import asyncmy as mysql_asyncmy
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -265,7 +266,7 @@ _READ_METADATA = (
             sa.and_(
                 t.epochs.c.virtual_cluster == t.topics.c.virtual_cluster,
                 t.epochs.c.topic == t.topics.c.name,
-                t.epochs.c.intent == "ready",
+                t.epochs.c.intent == sa.literal_column("'ready'"),
             ),
         ).outerjoin(t.physical_clusters, t.physical_clusters.c.name == t.epochs.c.cluster)
     )
@@ -281,23 +282,16 @@ No ORDER BY: MySQL would sort through a temporary table (the rows hold TEXT
 columns), which costs ten times the query; the caller sorts the few rows."""
 
 
-READ_METADATA_MYSQL = (
-    "SELECT t.virtual_cluster, t.name, t.state, t.config, t.sealed, t.version,"
-    " e.number, e.cluster, e.physical_topic, e.shards, e.state, e.end_offsets, e.mirror_of,"
-    " c.kind, c.bootstrap, c.attributes"
-    " FROM topics t LEFT OUTER JOIN epochs e"
-    " ON e.virtual_cluster = t.virtual_cluster AND e.topic = t.name AND e.intent = 'ready'"
-    " LEFT OUTER JOIN physical_clusters c ON c.name = e.cluster"
-    " WHERE (t.virtual_cluster, t.name) IN ({keys})"
-)
-"""``_READ_METADATA`` as MySQL text for a driver without SQLAlchemy (its columns in the same
-order), ``{keys}`` to be filled with ``metadata_keys_sql``: the uncached read path's query
-(``metadata_service.metadata_reader``)."""
-
-
-def metadata_keys_sql(count: int) -> str:
-    """The ``{keys}`` of ``READ_METADATA_MYSQL`` for ``count`` keys (driver placeholders)."""
-    return ",".join(("(%s,%s)",) * count)
+@functools.cache
+def read_metadata_mysql(count: int) -> str:
+    """``_READ_METADATA`` as MySQL text with placeholders (``%s``) for ``count`` keys, for a
+    driver without SQLAlchemy: the uncached read path's query (``metadata_service.
+    metadata_reader``), compiled once per key count; its arguments are the keys' parts in
+    order, its columns those of ``_READ_METADATA``."""
+    compiled = _READ_METADATA.params(keys=[("", "")] * count).compile(
+        dialect=mysql_asyncmy.dialect(), compile_kwargs={"render_postcompile": True}
+    )
+    return str(compiled)
 
 
 MetadataBody = tuple[int, bytes]
