@@ -4,7 +4,8 @@
 service; ``clients.service`` implements it over HTTP.  ``TopicWatch`` keeps the
 latest ``TopicMetadata`` of one topic current by long-polling, and keeps the
 last good copy when the service is down: data that can still flow keeps
-flowing, and the watch retries with capped exponential backoff.
+flowing, and the watch retries with ``xinfra.backoff``'s delays (the rule every client
+follows).
 
 Errors the service gives that no retry will cure (a revoked token, a token
 scoped elsewhere, a deleted topic) are kept on the watch as ``error``; the
@@ -20,17 +21,17 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from xinfra.backoff import equal_jitter
+from xinfra.backoff import backoff_s
 from xinfra.errors import Forbidden, NotFound, Unauthenticated, Unavailable, XinfraError
 from xinfra.model import TopicMetadata
 
 log = logging.getLogger(__name__)
 
-BACKOFF_S_MIN = 0.1
-BACKOFF_S_MAX = 5.0
-
 FATAL_ERRORS: tuple[type[XinfraError], ...] = (Unauthenticated, Forbidden, NotFound)
 """Service answers that mean the client must stop using the topic, not retry."""
+FATAL_FAILURES = 8
+"""A fatal answer counts as this many failures in a row: the watch asks again at the longest
+backoff (a revoked token may be restored; nothing to gain from asking often)."""
 
 
 class MetadataSource(Protocol):
@@ -74,7 +75,7 @@ async def fetch_metadata(source: MetadataSource, topic: str, timeout_s: float) -
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    backoff_s = BACKOFF_S_MIN
+    failures = 0
     while True:
         try:
             return await source.topic_metadata(topic)
@@ -87,8 +88,8 @@ async def fetch_metadata(source: MetadataSource, topic: str, timeout_s: float) -
                     f"no metadata for topic {topic!r} after {timeout_s:.1f} s: {error.message}; "
                     "check the metadata service URL (XINFRA_METADATA_URL) and that it runs"
                 ) from error
-            await asyncio.sleep(min(equal_jitter(backoff_s), remaining_s))
-            backoff_s = min(backoff_s * 2, BACKOFF_S_MAX)
+            failures += 1
+            await asyncio.sleep(min(backoff_s(failures), remaining_s))
 
 
 class TopicWatch:
@@ -155,7 +156,7 @@ class TopicWatch:
         self.changed = asyncio.Event()
 
     async def _run(self) -> None:
-        backoff_s = BACKOFF_S_MIN
+        failures = 0
         while True:
             try:
                 newer = await self.source.wait_for_change(
@@ -169,15 +170,15 @@ class TopicWatch:
                     if self._settle is not None:
                         await self._settle(newer)
                     await self.source.acknowledge(self.topic, newer.version)
-                backoff_s = BACKOFF_S_MIN
+                failures = 0
             except XinfraError as error:
                 # Keep the last metadata: producing and consuming go on while the service is away.
+                failures += 1
                 if isinstance(error, FATAL_ERRORS):
                     self.error = error
-                    backoff_s = BACKOFF_S_MAX
-                delay_s = equal_jitter(backoff_s)
+                    failures = max(failures, FATAL_FAILURES)
+                delay_s = backoff_s(failures)
                 log.warning(
                     "metadata watch on %s: %s; retrying in %.1f s", self.topic, error, delay_s
                 )
                 await asyncio.sleep(delay_s)
-                backoff_s = min(backoff_s * 2, BACKOFF_S_MAX)

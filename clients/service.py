@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from clients.metadata import BACKOFF_S_MAX, BACKOFF_S_MIN
+from xinfra.backoff import backoff_s
 from xinfra.errors import Forbidden, NotFound, Timeout, Unauthenticated, Unavailable, XinfraError
 from xinfra.model import TopicMetadata
 from xinfra.rest import MetadataClient, resolve_token, tls_context
@@ -98,7 +98,7 @@ class ServiceSource:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        backoff_s = BACKOFF_S_MIN
+        failures = 0
         while True:
             try:
                 await self._call("GET", f"/v1/vclusters/{self.virtual_cluster}")
@@ -112,8 +112,8 @@ class ServiceSource:
                         f"the metadata service at {self.url} did not answer in {timeout_s:.1f} s "
                         f"({error.message}); check XINFRA_METADATA_URL and that the service runs"
                     ) from error
-                await asyncio.sleep(min(backoff_s, remaining_s))
-                backoff_s = min(backoff_s * 2, BACKOFF_S_MAX)
+                failures += 1
+                await asyncio.sleep(min(backoff_s(failures), remaining_s))
 
     def check(self) -> None:
         """Raise the authentication error the service last gave, if any (a revoked token)."""
