@@ -21,11 +21,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sdk_live import LiveService, needs_northguard
+from sdk_live import (
+    LiveService,
+    assert_exactly_once,
+    assert_per_key_order,
+    keyed_value,
+    needs_northguard,
+    read_all,
+)
 from waiting import wait_until
 
 from clients import XinfraConsumer, XinfraConsumerOptions, open_consumer, open_producer
+from clients.producer import Positions
 from xinfra.errors import Unavailable
+from xinfra.model import Record
 
 pytestmark = needs_northguard
 
@@ -146,3 +155,42 @@ async def test_a_broker_down_past_the_bound_surfaces_unavailable(
         assert caught.value.retriable
     finally:
         await consumer.close()
+
+
+async def test_send_batch_writes_in_flight_ride_through_a_broker_restart_once_and_in_order(
+    live: LiveService, restartable: tuple[str, object]
+) -> None:
+    """``send_batch`` writes go straight to the Northguard client, many in flight per shard; the
+    client, not the SDK, resends what a restart left unacknowledged (same producer id and
+    sequence numbers).  Every call resolves, each record is stored once, each key in order."""
+    cluster, process = restartable
+    await live.create_topic("bulk-restart", cluster, SHARDS)
+    token = await live.client_token("app")
+    producer = await open_producer(live.url, token, topics=["bulk-restart"])
+    calls: list[asyncio.Future[Positions]] = []
+    expected: set[bytes] = set()
+    try:
+        for phase in range(3):
+            for start in range(phase * 2000, phase * 2000 + 2000, 100):
+                batch = [
+                    Record(keyed_value(i % 5, i), b"%d" % (i % 5))
+                    for i in range(start, start + 100)
+                ]
+                expected.update(r.value for r in batch if r.value is not None)
+                calls.append(await producer.send_batch("bulk-restart", batch))
+            if phase < 2:  # writes of this phase still in flight while the broker goes away
+                await asyncio.to_thread(process.restart)  # type: ignore[attr-defined]
+        await producer.flush()
+        assert all(call.done() for call in calls)
+        failed = [call.exception() for call in calls if call.exception() is not None]
+        assert not failed, failed[:3]
+    finally:
+        await producer.close()
+    consumer = await open_consumer(live.url, token, topics=["bulk-restart"])
+    try:
+        await consumer.assign("bulk-restart")
+        values = [record.value for record in await read_all(consumer, len(expected))]
+    finally:
+        await consumer.close()
+    assert_exactly_once(values, expected)
+    assert_per_key_order(values)

@@ -82,6 +82,7 @@ from backends.northguard.broker.state import RangeMeta, SegmentMeta, State
 from backends.northguard.runtime import Runtime
 from backends.northguard.store.base import Entry, SegmentStore
 from xinfra.errors import (
+    BackendUnavailable,
     Backpressure,
     CorruptData,
     InvalidRequest,
@@ -260,7 +261,9 @@ class RangeLog:
 
     def _stored(self, item: _Inflight, stored: asyncio.Future[Entry]) -> None:
         if stored.cancelled():
-            item.outcome = Sealed("append cancelled: the broker is stopping")
+            # Not Sealed: the range takes appends again once the broker is back, and the
+            # producer's resend (same producer id and sequence) is stored once.
+            item.outcome = BackendUnavailable("append cancelled: the broker is stopping; retry")
         else:
             error = stored.exception()
             item.outcome = True if error is None else error
@@ -349,7 +352,7 @@ class RangeLog:
             self._fail_waiting(error)
             return
         except asyncio.CancelledError:
-            self._fail_waiting(Sealed("the broker is stopping"))
+            self._fail_waiting(BackendUnavailable("the broker is stopping; retry"))
             raise
         finally:
             self._roll_task = None
