@@ -31,8 +31,13 @@ from sdk_live import (
 )
 from waiting import wait_until
 
-from clients import XinfraConsumer, XinfraConsumerOptions, open_consumer, open_producer
-from clients.producer import Positions
+from clients import (
+    Positions,
+    XinfraConsumer,
+    XinfraConsumerOptions,
+    open_consumer,
+    open_producer,
+)
 from xinfra.errors import Unavailable
 from xinfra.model import Record
 
