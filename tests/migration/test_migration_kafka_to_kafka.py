@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from sdk_live import (
     LiveService,
     assert_exactly_once,
@@ -20,7 +21,8 @@ from sdk_live import (
     needs_kafka,
 )
 from test_migration_live import call, group_reading, load, more
-from test_sdk_epochs import _check_read_back, assert_acked_inside_sealed_epochs
+from test_sdk_epochs import Stream, _check_read_back, assert_acked_inside_sealed_epochs
+from timed_load import TimedBatchStream
 from waiting import wait_until
 
 from xinfra.model import EpochState
@@ -28,13 +30,14 @@ from xinfra.model import EpochState
 pytestmark = [needs_kafka]
 
 
+@pytest.mark.parametrize("stream_type", [Stream, TimedBatchStream], ids=["send", "send_batch"])
 async def test_a_topic_moves_between_two_kafka_clusters_under_keyed_load_and_a_group(
-    live: LiveService, kafka: str, second_kafka: str
+    live: LiveService, kafka: str, second_kafka: str, stream_type: type[Stream]
 ) -> None:
-    topic = "upgraded"
+    topic = f"upgraded-{stream_type.__name__.lower()}"
     await live.create_topic(topic, kafka, 3)
-    async with group_reading(live, topic, "upgrade-readers") as seen:
-        async with load(live, topic) as stream:
+    async with group_reading(live, topic, f"upgrade-{stream_type.__name__.lower()}") as seen:
+        async with load(live, topic, stream_type) as stream:
             await more(stream)
             planned = await call(live, "POST", topic, target_cluster=second_kafka)
             assert (planned["source_cluster"], planned["target_cluster"]) == (kafka, second_kafka)

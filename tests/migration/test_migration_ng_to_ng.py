@@ -25,7 +25,7 @@ from sdk_live import (
 )
 from test_migration_live import call, group_reading, more
 from test_sdk_epochs import _check_read_back, assert_acked_inside_sealed_epochs
-from timed_load import timed_load
+from timed_load import TimedBatchStream, TimedStream, timed_load
 from waiting import wait_until
 
 from migration.machine import producer_stall_s_max
@@ -39,13 +39,14 @@ ACK_TIMEOUT_S = 10.0
 """Each step's wait for the clients; the stall bound follows from it."""
 
 
+@pytest.mark.parametrize("stream_type", [TimedStream, TimedBatchStream], ids=["send", "send_batch"])
 async def test_a_topic_moves_between_two_northguard_clusters_under_keyed_load_and_a_group(
-    live: LiveService, northguard: str, second_northguard: str
+    live: LiveService, northguard: str, second_northguard: str, stream_type: type[TimedStream]
 ) -> None:
-    topic = "ng-moved"
+    topic = f"ng-moved-{stream_type.__name__.lower()}"
     await live.create_topic(topic, northguard, 3)
-    async with group_reading(live, topic, "ng-readers") as seen:
-        async with timed_load(live, topic) as stream:
+    async with group_reading(live, topic, f"readers-{stream_type.__name__.lower()}") as seen:
+        async with timed_load(live, topic, stream_type) as stream:
             await more(stream)
             stream.step = "planned"
             planned = await call(live, "POST", topic, target_cluster=second_northguard)

@@ -19,8 +19,8 @@ from typing import Any
 from sdk_live import VC, keyed_value
 from test_sdk_epochs import KEYS, Stream
 
-from clients import XinfraProducerOptions, open_producer
-from xinfra.model import Position
+from clients import Positions, XinfraProducerOptions, open_producer
+from xinfra.model import Position, Record
 
 
 class TimedStream(Stream):  # type: ignore[misc]
@@ -54,6 +54,42 @@ class TimedStream(Stream):  # type: ignore[misc]
         return {step: max(waits) for step, waits in self.waits_s.items()}
 
 
+class TimedBatchStream(TimedStream):
+    """``TimedStream`` sending ``BATCH`` keyed records per ``send_batch`` call: a topic with one
+    write epoch takes them straight to the backend, many writes in flight, and dual writes
+    through the shard queues, so every step of a migration crosses between the two paths."""
+
+    BATCH = 20
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        seq = 0
+        while not self._stop.is_set():
+            records = [
+                Record(keyed_value(i % KEYS, i), b"%d" % (i % KEYS))
+                for i in range(seq, seq + self.BATCH)
+            ]
+            sent_s, step = loop.time(), self.step
+            future = await self.producer.send_batch(self.topic, records)
+            future.add_done_callback(
+                lambda f, r=records, t=sent_s, s=step: self._timed_batch(r, f, t, s)  # type: ignore[misc]
+            )
+            seq += self.BATCH
+            self.sent = seq
+            await asyncio.sleep(0.002)  # pacing of the load generator, not synchronisation
+
+    def _timed_batch(
+        self, records: list[Record], future: asyncio.Future[Positions], sent_s: float, step: str
+    ) -> None:
+        self.waits_s.setdefault(step, []).append(asyncio.get_running_loop().time() - sent_s)
+        if future.exception() is not None:
+            self.failed.append(future.exception())  # type: ignore[arg-type]
+            return
+        for record, position in zip(records, future.result(), strict=True):
+            assert record.value is not None
+            self.acked[record.value] = position
+
+
 @contextlib.asynccontextmanager
 async def load(live: Any, topic: str, stream_type: type[Stream] = Stream) -> AsyncIterator[Any]:
     """Keyed records sent to ``topic`` without pause while the block runs, by a client token's
@@ -75,6 +111,8 @@ async def load(live: Any, topic: str, stream_type: type[Stream] = Stream) -> Asy
     assert len(stream.acked) == stream.sent
 
 
-def timed_load(live: Any, topic: str) -> contextlib.AbstractAsyncContextManager[TimedStream]:
+def timed_load(
+    live: Any, topic: str, stream_type: type[TimedStream] = TimedStream
+) -> contextlib.AbstractAsyncContextManager[TimedStream]:
     """``load`` with a ``TimedStream``: every send timed by the step it was sent in."""
-    return load(live, topic, TimedStream)
+    return load(live, topic, stream_type)
