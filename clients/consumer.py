@@ -50,6 +50,7 @@ from xinfra.model import (
     Header,
     Position,
     TopicMetadata,
+    fast_fields,
     mirrored_position,
 )
 
@@ -116,6 +117,8 @@ class XinfraRecord(NamedTuple):
 assert XinfraRecord._fields[2:] == ConsumedRecord._fields, (
     "poll builds an XinfraRecord as (topic, epoch) + ConsumedRecord: keep their fields in step"
 )
+fast_fields(XinfraRecord)
+"""Fields as member descriptors, one specialised load each (``xinfra.model.fast_fields``)."""
 
 
 class CommitSink(Protocol):

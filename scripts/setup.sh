@@ -26,7 +26,9 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
 stamp=.venv/.xinfra-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+# Reinstalled when the build inputs change or the C extension (built in place) is missing.
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
+  || [ xinfra/_records.c -nt "$stamp" ] || ! compgen -G 'xinfra/_records*.so' >/dev/null; then
   echo "setup: installing xinfra with its dev extra into .venv (a minute or two the first time)" >&2
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
   .venv/bin/python -m pip install -q -e '.[dev]'

@@ -73,6 +73,22 @@ class ReaderOptions:
     backend record into the SDK's cost 2.8k instructions per record (a second object to
     make, free and scan for garbage) over the bare read loop's 8.5k; this, 0.6k."""
 
+    def __post_init__(self) -> None:
+        """A record type whose fields the prefix and a record do not fill exactly is refused.
+
+        Not only a type check: the readers build records with ``tuple.__new__`` or in C,
+        and the named tuples' fields are member descriptors (``xinfra.model.fast_fields``)
+        that read their item with no bounds check, so a shorter record would be read out of
+        bounds.
+        """
+        fields = getattr(self.record_type, "_fields", None)
+        width = len(self.record_prefix) + len(ConsumedRecord._fields)
+        if fields is not None and len(fields) != width:
+            raise InvalidRequest(
+                f"record_type {self.record_type.__name__} has {len(fields)} fields; "
+                f"record_prefix and a record make {width}"
+            )
+
 
 class ShardProducer(abc.ABC):
     """An asynchronous, batching, per-shard ordered producer to one physical topic."""

@@ -5,7 +5,10 @@ to the REST API).  ``Record``, ``ConsumedRecord`` and ``Position`` sit on the
 data path, where a pydantic model per record would cost more than the I/O:
 ``Record`` is a slotted (not frozen) dataclass, and the two made once per record on
 the hot paths, ``ConsumedRecord`` and ``Position``, are named tuples (built in
-C with ``tuple.__new__``, several times faster than a frozen dataclass).
+C, several times faster than a frozen dataclass).  ``ConsumedRecord``'s fields
+are made member descriptors by the C extension ``xinfra._records``
+(``fast_fields``): CPython 3.11 specialises reading them, not a named tuple's
+own field getters.
 
 Key ranges travel as pairs of decimal strings because 2**64 does not fit a
 JSON number safely.
@@ -24,6 +27,17 @@ from typing import Annotated, Any, NamedTuple, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator
 
 from xinfra.keyspace import KeyRange
+
+_ClassT = TypeVar("_ClassT", bound=type[tuple[Any, ...]])
+
+try:
+    from xinfra._records import fast_fields as fast_fields
+except ImportError:  # a tree whose extension is not built yet (``pip install -e .`` builds it)
+
+    def fast_fields(cls: _ClassT, /) -> _ClassT:
+        """Without the extension the fields stay ``_tuplegetter``s: correct, only slower."""
+        return cls
+
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
 """The one naming rule for clusters and topics: 1-200 characters of
@@ -178,6 +192,12 @@ class ConsumedRecord(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: tuple[Header, ...] = ()
+
+
+fast_fields(ConsumedRecord)
+"""Its fields are member descriptors, read with one specialised load (``xinfra/_records.c``).
+Every ``ConsumedRecord`` must hold all six items: build them with the class, ``_make``,
+``prefixed`` or the readers' C conversion, never ``tuple.__new__`` with a shorter row."""
 
 
 TupleT = TypeVar("TupleT", bound=tuple[Any, ...])
