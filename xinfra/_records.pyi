@@ -1,7 +1,8 @@
 """Types of the C extension ``xinfra._records`` (see ``xinfra/_records.c`` for why it exists)."""
 
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from dataclasses import Field
+from typing import Any, ClassVar, TypeVar
 
 _T = TypeVar("_T", bound=type[tuple[Any, ...]])
 
@@ -13,3 +14,27 @@ def kafka_records(
 ) -> tuple[list[Any], list[Any]]:
     """``cls(*prefix, partition, offset, timestamp_ms, key, value, headers)`` per clean message,
     and the messages carrying an error."""
+
+class Record:
+    """What a producer writes: ``Record(value, key=None, headers=(), timestamp_ms=None)``."""
+
+    __match_args__ = ("value", "key", "headers", "timestamp_ms")
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+    value: bytes | None
+    key: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    timestamp_ms: int | None
+    def __init__(
+        self,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: tuple[tuple[str, bytes], ...] = (),
+        timestamp_ms: int | None = None,
+    ) -> None: ...
+    def size_bytes(self) -> int:
+        """Payload size used for batching limits and RecordTooLarge checks."""
+    def __hash__(self) -> int: ...
+    def __eq__(self, other: object) -> bool: ...
+
+def record_fields(fields: dict[str, Any], /) -> None:
+    """Record's ``__dataclass_fields__``: the ``dataclasses`` functions take a Record."""

@@ -3,7 +3,7 @@
 Metadata objects are pydantic models (validated at every boundary, serialised
 to the REST API).  ``Record``, ``ConsumedRecord`` and ``Position`` sit on the
 data path, where a pydantic model per record would cost more than the I/O:
-``Record`` is a slotted (not frozen) dataclass, and the two made once per record on
+``Record`` is a C type with a dataclass's behaviour (``xinfra/_records.c``), and the two made once per record on
 the hot paths, ``ConsumedRecord`` and ``Position``, are named tuples (built in
 C, several times faster than a frozen dataclass).  ``ConsumedRecord``'s fields
 are made member descriptors by the C extension ``xinfra._records``
@@ -153,17 +153,12 @@ Header = tuple[str, bytes]
 
 
 @dataclass(slots=True, unsafe_hash=True)
-class Record:
+class _RecordFields:
     """What a producer writes: key, value and headers are opaque bytes.
 
-    Built once per record by every application, so it is a plain slotted
-    dataclass, not a frozen one: a frozen ``__init__`` must store each field
-    through ``object.__setattr__`` or the slot's descriptor (a call per field),
-    where a plain one stores it with a specialised bytecode.  Measured with
-    callgrind, ``Record(value=v)``: 5.9k instructions frozen, 3.5k plain.
-    A record is not to be modified once sent (a producer may still hold it
-    for a retry); equal and hashable by value, and ``dataclasses.replace``
-    makes changed copies.
+    The Python definition of ``Record``: its fields, for ``dataclasses``
+    (``replace``, ``fields``, ``asdict``), and ``Record`` itself in a tree
+    whose C extension is not built yet.
     """
 
     value: bytes | None
@@ -177,6 +172,24 @@ class Record:
         for name, value in self.headers:
             size += len(name) + len(value)
         return size
+
+
+try:
+    from xinfra._records import Record as Record
+    from xinfra._records import record_fields
+
+    record_fields(_RecordFields.__dataclass_fields__)
+except ImportError:  # a tree whose extension is not built yet: the same record, slower to make
+    Record = _RecordFields  # type: ignore[misc,assignment]
+"""What a producer writes: ``Record(value, key=None, headers=(), timestamp_ms=None)``.
+
+Built once per record by every application, so it is a C type
+(``xinfra/_records.c``): ``Record(value=v)`` is one vectorcall, where the
+slotted dataclass it replaces ran a Python ``__init__`` (callgrind: 3.5k
+instructions; a frozen one 5.9k).  Mutable as that dataclass was, though a
+record is not to be modified once sent (a producer may still hold it for a
+retry); equal and hashable by value, pickled by value, ``__match_args__``, a
+dataclass's repr; ``dataclasses.replace``, ``fields`` and ``asdict`` take it."""
 
 
 class ConsumedRecord(NamedTuple):

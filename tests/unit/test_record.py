@@ -1,0 +1,136 @@
+"""``Record`` as a C type (``xinfra/_records.c``): the dataclass's behaviour, kept.
+
+Why C: ``Record(value=v)`` is made once per record by every producing
+application; what it must keep is everything the slotted dataclass offered.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import gc
+import pickle
+import tracemalloc
+from typing import Any
+
+import pytest
+
+import xinfra.model
+from xinfra.model import Record
+
+
+def test_record_is_the_c_type() -> None:
+    """``pip install -e .`` builds it; without it ``Record`` is the Python dataclass."""
+    assert type(Record).__name__ == "type" and Record.__module__ == "xinfra.model"
+    assert Record is not xinfra.model._RecordFields
+
+
+def test_made_as_the_dataclass_was() -> None:
+    assert Record(b"v") == Record(value=b"v", key=None, headers=(), timestamp_ms=None)
+    record = Record(b"v", b"k", (("h", b"1"),), 5)
+    assert (record.value, record.key, record.headers, record.timestamp_ms) == (
+        b"v",
+        b"k",
+        (("h", b"1"),),
+        5,
+    )
+    assert Record(headers=(), value=None).value is None
+    assert Record(**{"value": b"v", "timestamp_ms": 1}).timestamp_ms == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        ((), {}, "missing 1 required"),
+        ((1, 2, 3, 4, 5), {}, "at most 4"),
+        ((b"v",), {"value": b"w"}, "multiple values"),
+        ((), {"value": b"v", "nope": 1}, "unexpected keyword"),
+    ],
+)
+def test_wrong_arguments_raise_type_errors(
+    args: tuple[Any, ...], kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(TypeError, match=message):
+        Record(*args, **kwargs)
+
+
+def test_equal_and_hashable_by_value_repr_and_size() -> None:
+    assert Record(b"v", b"k") == Record(b"v", b"k")
+    assert Record(b"v") != Record(b"w")
+    assert hash(Record(b"v", b"k")) == hash((b"v", b"k", (), None))
+    assert len({Record(b"v"), Record(b"v"), Record(b"w")}) == 2
+    assert Record(b"v") != (b"v", None, (), None)
+    assert repr(Record(b"v", timestamp_ms=3)) == (
+        "Record(value=b'v', key=None, headers=(), timestamp_ms=3)"
+    )
+    assert Record(b"vv", b"k", (("hh", b"123"),)).size_bytes() == 2 + 1 + 2 + 3
+    assert Record(None).size_bytes() == 0
+    with pytest.raises(ValueError):
+        Record(b"v", headers=(("only a name",),)).size_bytes()  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        Record(b"v", headers=(("h", 5),)).size_bytes()  # type: ignore[arg-type]
+
+
+def test_pickle_copy_match_dataclasses_and_mutation() -> None:
+    record = Record(b"v", b"k", (("h", b"1"),), 7)
+    assert pickle.loads(pickle.dumps(record)) == record
+    assert copy.copy(record) == record and copy.deepcopy(record) == record
+    match record:
+        case Record(value, key, headers, timestamp_ms):
+            assert (value, key, headers, timestamp_ms) == (b"v", b"k", (("h", b"1"),), 7)
+        case _:
+            pytest.fail("no match")
+    assert dataclasses.is_dataclass(record)
+    assert [field.name for field in dataclasses.fields(record)] == [
+        "value",
+        "key",
+        "headers",
+        "timestamp_ms",
+    ]
+    assert dataclasses.replace(record, key=None) == Record(b"v", None, (("h", b"1"),), 7)
+    assert dataclasses.asdict(record)["timestamp_ms"] == 7
+    record.value = b"changed"
+    assert record.value == b"changed"
+    del record.key
+    with pytest.raises(AttributeError):
+        _ = record.key
+    with pytest.raises(AttributeError):
+        hash(record)
+
+
+def test_a_subclass_and_a_cycle_are_handled() -> None:
+    class Sub(Record):
+        pass
+
+    sub = Sub(b"v", key=b"k")
+    assert ".Sub(value=b'v'" in repr(sub) and sub == Sub(b"v", b"k")  # the qualname
+    assert sub != Record(b"v", b"k")
+    looped = Record(b"v")
+    looped.headers = (("self", looped),)  # type: ignore[assignment]
+    assert "..." in repr(looped)
+    del looped, sub
+    assert gc.collect() >= 1
+
+
+def test_making_many_leaks_nothing() -> None:
+    def make() -> None:
+        for i in range(20_000):
+            record = Record(b"v", key=b"k", headers=(("h", b"1"),), timestamp_ms=i)
+            record.size_bytes()
+            hash(record)
+            _ = record == Record(b"v") and repr(record)
+            Record(value=b"v")
+            with pytest.raises(TypeError):
+                Record(b"v", value=b"w")
+
+    make()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        make()
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    assert grown < 64 << 10, grown
