@@ -3,9 +3,10 @@
 Metadata objects are pydantic models (validated at every boundary, serialised
 to the REST API).  ``Record``, ``ConsumedRecord`` and ``Position`` sit on the
 data path, where a pydantic model per record would cost more than the I/O:
-``Record`` is a C type with a dataclass's behaviour (``xinfra/_records.c``), and the two made once per record on
-the hot paths, ``ConsumedRecord`` and ``Position``, are named tuples (built in
-C, several times faster than a frozen dataclass).  ``ConsumedRecord``'s fields
+``Record`` is a C type with a dataclass's behaviour (``xinfra/_records.c``),
+and the two made once per record on the hot paths, ``ConsumedRecord`` and
+``Position``, are named tuples (built in C, several times faster than a frozen
+dataclass).  ``ConsumedRecord``'s fields
 are made member descriptors by the C extension ``xinfra._records``
 (``fast_fields``): CPython 3.11 specialises reading them, not a named tuple's
 own field getters.
@@ -26,18 +27,10 @@ from typing import Annotated, Any, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator
 
+from xinfra._records import Record as Record
+from xinfra._records import fast_fields as fast_fields
+from xinfra._records import record_fields
 from xinfra.keyspace import KeyRange
-
-_ClassT = TypeVar("_ClassT", bound=type[tuple[Any, ...]])
-
-try:
-    from xinfra._records import fast_fields as fast_fields
-except ImportError:  # a tree whose extension is not built yet (``pip install -e .`` builds it)
-
-    def fast_fields(cls: _ClassT, /) -> _ClassT:
-        """Without the extension the fields stay ``_tuplegetter``s: correct, only slower."""
-        return cls
-
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
 """The one naming rule for clusters and topics: 1-200 characters of
@@ -152,13 +145,19 @@ class TopicMetadata(_Model):
 Header = tuple[str, bytes]
 
 
-@dataclass(slots=True, unsafe_hash=True)
+@dataclass
 class _RecordFields:
-    """What a producer writes: key, value and headers are opaque bytes.
+    """``Record``'s fields as ``dataclasses`` knows them, so ``replace``, ``fields`` and
+    ``asdict`` take a ``Record`` as they took the dataclass it replaced.
 
-    The Python definition of ``Record``: its fields, for ``dataclasses``
-    (``replace``, ``fields``, ``asdict``), and ``Record`` itself in a tree
-    whose C extension is not built yet.
+    ``Record`` itself (``xinfra/_records.c``): ``Record(value, key=None, headers=(),
+    timestamp_ms=None)``, what a producer writes; key, value and headers are opaque
+    bytes.  Every application builds one per record, so it is a C type:
+    ``Record(value=v)`` is one vectorcall where the slotted dataclass it replaced ran a
+    Python ``__init__`` (callgrind: 3.5k instructions; a frozen one 5.9k).  Mutable as
+    that dataclass was, though a record is not to be modified once sent (a producer
+    may still hold it for a retry); equal and hashable by value, pickled by value,
+    ``__match_args__`` and a dataclass's repr.
     """
 
     value: bytes | None
@@ -166,30 +165,8 @@ class _RecordFields:
     headers: tuple[Header, ...] = ()
     timestamp_ms: int | None = None  # None: the producer stamps the send time
 
-    def size_bytes(self) -> int:
-        """Payload size used for batching limits and RecordTooLarge checks."""
-        size = len(self.key or b"") + len(self.value or b"")
-        for name, value in self.headers:
-            size += len(name) + len(value)
-        return size
 
-
-try:
-    from xinfra._records import Record as Record
-    from xinfra._records import record_fields
-
-    record_fields(_RecordFields.__dataclass_fields__)
-except ImportError:  # a tree whose extension is not built yet: the same record, slower to make
-    Record = _RecordFields  # type: ignore[misc,assignment]
-"""What a producer writes: ``Record(value, key=None, headers=(), timestamp_ms=None)``.
-
-Built once per record by every application, so it is a C type
-(``xinfra/_records.c``): ``Record(value=v)`` is one vectorcall, where the
-slotted dataclass it replaces ran a Python ``__init__`` (callgrind: 3.5k
-instructions; a frozen one 5.9k).  Mutable as that dataclass was, though a
-record is not to be modified once sent (a producer may still hold it for a
-retry); equal and hashable by value, pickled by value, ``__match_args__``, a
-dataclass's repr; ``dataclasses.replace``, ``fields`` and ``asdict`` take it."""
+record_fields(_RecordFields.__dataclass_fields__)
 
 
 class ConsumedRecord(NamedTuple):
