@@ -1,4 +1,5 @@
-/* xinfra._records: the per-record work of the read path, in C.
+/* xinfra._records: the per-record work of the read path, in C (and ``Record``, and the
+ * producer's pass over a send's records: see their sections below).
  *
  * Why C.  Reading a record costs the broker's client its accessor calls; a
  * pure Python layer on top added a named tuple per record (4.5k instructions
@@ -642,25 +643,21 @@ length_or_zero(PyObject *item)
     return truth < 0 ? -1 : truth == 0 ? 0 : PyObject_Length(item);
 }
 
-/* Payload size for batching limits and RecordTooLarge checks, or -1 with an exception. */
+/* Payload size for batching limits and RecordTooLarge checks, or -1 with an exception, of
+ * fields the caller holds (a ``__bool__`` or ``__len__`` may change the record meanwhile). */
 static Py_ssize_t
-record_size(RecordObject *self)
+payload_size(PyObject *key_item, PyObject *value_item, PyObject *headers_item)
 {
-    if (self->key == NULL || self->value == NULL || self->headers == NULL) {
-        PyObject *fields = record_astuple((PyObject *)self);
-        Py_XDECREF(fields);
-        return -1;
-    }
-    Py_ssize_t key = length_or_zero(self->key);
-    Py_ssize_t value = key < 0 ? -1 : length_or_zero(self->value);
+    Py_ssize_t key = length_or_zero(key_item);
+    Py_ssize_t value = key < 0 ? -1 : length_or_zero(value_item);
     if (value < 0) {
         return -1;
     }
     Py_ssize_t size = key + value;
-    if (self->headers == empty_tuple) {
+    if (headers_item == empty_tuple) {
         return size;
     }
-    PyObject *headers = PySequence_Fast(self->headers, "Record.headers must be a sequence");
+    PyObject *headers = PySequence_Fast(headers_item, "Record.headers must be a sequence");
     if (headers == NULL) {
         return -1;
     }
@@ -686,6 +683,25 @@ record_size(RecordObject *self)
         }
         size += name + data;
     }
+    Py_DECREF(headers);
+    return size;
+}
+
+/* Payload size for batching limits and RecordTooLarge checks, or -1 with an exception. */
+static Py_ssize_t
+record_size(RecordObject *self)
+{
+    if (self->key == NULL || self->value == NULL || self->headers == NULL) {
+        PyObject *fields = record_astuple((PyObject *)self);
+        Py_XDECREF(fields);
+        return -1;
+    }
+    PyObject *key = Py_NewRef(self->key);
+    PyObject *value = Py_NewRef(self->value);
+    PyObject *headers = Py_NewRef(self->headers);
+    Py_ssize_t size = payload_size(key, value, headers);
+    Py_DECREF(key);
+    Py_DECREF(value);
     Py_DECREF(headers);
     return size;
 }
@@ -745,6 +761,264 @@ static PyTypeObject RecordType = {
     .tp_members = record_members,
 };
 
+/* -- the producer's pass ------------------------------------------------------------------ */
+
+/* A producer's ``send`` takes every record twice: once to check the call (sizes, the largest,
+ * whether all are plain) before anything is queued, once to hand each record to
+ * ``Producer.produce``.  As two Python loops they took ~1.1k instructions per record (callgrind,
+ * bench produce loop: 12.3k per record, 11.2k with these, a bare confluent-kafka loop 10.5k);
+ * here each is one C loop reading the C ``Record``'s fields directly.  Anything else that has the four fields (a subclass of
+ * Record, a duck) takes the generic attribute path with the same results.
+ *
+ * Every record is held (a strong reference) while it is read and its fields while they are
+ * passed on: a ``__len__``, ``__bool__``, attribute or ``produce`` call may run Python code that
+ * changes the sequence or the record, so items are fetched again at each step, never through a
+ * saved item array. */
+
+static PyObject *size_bytes_string = NULL; /* interned "size_bytes" */
+static PyObject *records_queued_string = NULL; /* interned "records_queued" */
+static PyObject *zero = NULL;
+
+/* ``0 if item is None else len(item)``, or -1 with an exception. */
+static inline Py_ssize_t
+length_or_none(PyObject *item)
+{
+    if (item == Py_None) {
+        return 0;
+    }
+    if (PyBytes_CheckExact(item)) {
+        return PyBytes_GET_SIZE(item);
+    }
+    return PyObject_Length(item);
+}
+
+/* The four fields of a record as new references in fields[], or -1 with an exception. */
+static int
+fields_of_record(PyObject *record, PyObject *fields[F_COUNT])
+{
+    if (Py_IS_TYPE(record, &RecordType)) {
+        for (int f = 0; f < F_COUNT; f++) {
+            PyObject *item = RECORD_FIELD(record, f);
+            if (item == NULL) {
+                PyErr_Format(PyExc_AttributeError, "'Record' object has no attribute '%s'",
+                             field_names[f]);
+                while (--f >= 0) {
+                    Py_CLEAR(fields[f]);
+                }
+                return -1;
+            }
+            fields[f] = Py_NewRef(item);
+        }
+        return 0;
+    }
+    for (int f = 0; f < F_COUNT; f++) {
+        fields[f] = PyObject_GetAttr(record, field_strings[f]);
+        if (fields[f] == NULL) {
+            while (--f >= 0) {
+                Py_CLEAR(fields[f]);
+            }
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static inline void
+release_fields(PyObject *fields[F_COUNT])
+{
+    for (int f = 0; f < F_COUNT; f++) {
+        Py_CLEAR(fields[f]);
+    }
+}
+
+/* Whether a record with these fields is plain (no headers, no timestamp): 1, 0, or -1. */
+static inline int
+is_plain(PyObject *fields[F_COUNT])
+{
+    PyObject *headers = fields[F_HEADERS];
+    if (headers != empty_tuple) {
+        int truth = PyObject_IsTrue(headers);
+        if (truth != 0) {
+            return truth < 0 ? -1 : 0;
+        }
+    }
+    return fields[F_TIMESTAMP] == Py_None;
+}
+
+/* The size of one record, as ``send`` counts it, or -1 with an exception; *plain is set. */
+static Py_ssize_t
+size_of(PyObject *record, int *plain)
+{
+    PyObject *fields[F_COUNT] = {NULL, NULL, NULL, NULL};
+    if (fields_of_record(record, fields) < 0) {
+        return -1;
+    }
+    Py_ssize_t size = -1;
+    int record_plain = is_plain(fields);
+    if (record_plain > 0) {
+        Py_ssize_t value = length_or_none(fields[F_VALUE]);
+        Py_ssize_t key = value < 0 ? -1 : length_or_none(fields[F_KEY]);
+        size = key < 0 ? -1 : value + key;
+    }
+    else if (record_plain == 0) {
+        *plain = 0;
+        if (Py_IS_TYPE(record, &RecordType)) {
+            size = payload_size(fields[F_KEY], fields[F_VALUE], fields[F_HEADERS]);
+        }
+        else {
+            PyObject *sized = PyObject_CallMethodNoArgs(record, size_bytes_string);
+            if (sized != NULL) {
+                size = PyLong_AsSsize_t(sized);
+                Py_DECREF(sized);
+                if (size < 0 && !PyErr_Occurred()) {
+                    PyErr_Format(PyExc_ValueError, "%s.size_bytes() returned %zd, a negative size",
+                                 Py_TYPE(record)->tp_name, size);
+                    size = -1;
+                }
+            }
+        }
+    }
+    release_fields(fields);
+    return size;
+}
+
+static PyObject *
+record_sizes(PyObject *module, PyObject *records)
+{
+    PyObject *sequence = PySequence_Fast(records, "record_sizes: records must be a sequence");
+    if (sequence == NULL) {
+        return NULL;
+    }
+    Py_ssize_t total = 0, largest = 0;
+    int plain = 1;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(sequence); i++) {
+        PyObject *record = Py_NewRef(PySequence_Fast_GET_ITEM(sequence, i));
+        Py_ssize_t size = size_of(record, &plain);
+        Py_DECREF(record);
+        if (size < 0) {
+            Py_DECREF(sequence);
+            return NULL;
+        }
+        if (size > PY_SSIZE_T_MAX - total) {
+            Py_DECREF(sequence);
+            PyErr_SetString(PyExc_OverflowError, "record_sizes: the records' sizes overflow");
+            return NULL;
+        }
+        total += size;
+        if (size > largest) {
+            largest = size;
+        }
+    }
+    Py_DECREF(sequence);
+    PyObject *result = PyTuple_New(3);
+    if (result == NULL) {
+        return NULL;
+    }
+    PyObject *item;
+    if ((item = PyLong_FromSsize_t(total)) == NULL) {
+        goto error;
+    }
+    PyTuple_SET_ITEM(result, 0, item);
+    if ((item = PyLong_FromSsize_t(largest)) == NULL) {
+        goto error;
+    }
+    PyTuple_SET_ITEM(result, 1, item);
+    PyTuple_SET_ITEM(result, 2, Py_NewRef(plain ? Py_True : Py_False));
+    return result;
+error:
+    Py_DECREF(result); /* items not yet set are NULL: the tuple's dealloc skips them */
+    return NULL;
+}
+
+/* The exception being raised gets ``records_queued = queued``, then propagates unchanged. */
+static void
+note_queued(Py_ssize_t queued)
+{
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    if (type == NULL) {
+        return;
+    }
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (traceback != NULL && value != NULL) {
+        PyException_SetTraceback(value, traceback);
+    }
+    PyObject *count = PyLong_FromSsize_t(queued);
+    if (count == NULL || value == NULL
+        || PyObject_SetAttr(value, records_queued_string, count) < 0) {
+        /* Cannot say: the caller's default applies.  The original exception matters more. */
+        PyErr_Clear();
+    }
+    Py_XDECREF(count);
+    PyErr_Restore(type, value, traceback);
+}
+
+static PyObject *
+produce_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "produce_records takes (produce, topic, partition, "
+                     "on_delivery, records, plain), got %zd arguments", nargs);
+        return NULL;
+    }
+    PyObject *produce = args[0];
+    int plain = PyObject_IsTrue(args[5]);
+    if (plain < 0) {
+        return NULL;
+    }
+    PyObject *sequence = PySequence_Fast(args[4], "produce_records: records must be a sequence");
+    if (sequence == NULL) {
+        return NULL;
+    }
+    /* (topic, value, key, partition, on_delivery, callback, timestamp, headers): positional,
+     * as keyword parsing would cost a third of the call. */
+    PyObject *stack[8] = {args[1], NULL, NULL, args[2], args[3], Py_None, NULL, NULL};
+    Py_ssize_t queued = 0;
+    for (; queued < PySequence_Fast_GET_SIZE(sequence); queued++) {
+        PyObject *record = Py_NewRef(PySequence_Fast_GET_ITEM(sequence, queued));
+        PyObject *fields[F_COUNT] = {NULL, NULL, NULL, NULL};
+        int got = fields_of_record(record, fields);
+        Py_DECREF(record);
+        if (got < 0) {
+            goto error;
+        }
+        stack[1] = fields[F_VALUE];
+        stack[2] = fields[F_KEY];
+        PyObject *done;
+        if (plain) { /* librdkafka stamps the send time, as a None timestamp asks */
+            done = PyObject_Vectorcall(produce, stack, 5, NULL);
+        }
+        else {
+            PyObject *timestamp = fields[F_TIMESTAMP];
+            int truth = PyObject_IsTrue(timestamp); /* ``timestamp_ms or 0`` */
+            PyObject *headers = NULL; /* ``list(headers) if headers else None`` */
+            int has_headers = truth < 0 ? -1 : PyObject_IsTrue(fields[F_HEADERS]);
+            if (has_headers > 0) {
+                headers = PySequence_List(fields[F_HEADERS]);
+            }
+            if (has_headers < 0 || (has_headers > 0 && headers == NULL)) {
+                release_fields(fields);
+                goto error;
+            }
+            stack[6] = truth ? timestamp : zero;
+            stack[7] = headers != NULL ? headers : Py_None;
+            done = PyObject_Vectorcall(produce, stack, 8, NULL);
+            Py_XDECREF(headers);
+        }
+        release_fields(fields);
+        if (done == NULL) {
+            goto error;
+        }
+        Py_DECREF(done);
+    }
+    Py_DECREF(sequence);
+    return PyLong_FromSsize_t(queued);
+error:
+    Py_DECREF(sequence);
+    note_queued(queued);
+    return NULL;
+}
+
 /* -- the module --------------------------------------------------------------------------- */
 
 static PyObject *
@@ -768,13 +1042,22 @@ static PyMethodDef methods[] = {
     {"record_fields", record_fields, METH_O,
      "record_fields(fields): Record's __dataclass_fields__, so the dataclasses functions "
      "(replace, fields, asdict) take a Record as they took the dataclass it replaces."},
+    {"record_sizes", record_sizes, METH_O,
+     "record_sizes(records) -> (total, largest, plain): the sizes send checks before queueing "
+     "(size_bytes() for a record with headers or a timestamp, key and value lengths otherwise) "
+     "and whether every record is plain (no headers, no timestamp)."},
+    {"produce_records", (PyCFunction)(void (*)(void))produce_records, METH_FASTCALL,
+     "produce_records(produce, topic, partition, on_delivery, records, plain) -> int: "
+     "produce(topic, value, key, partition, on_delivery) per record (not plain: also None, "
+     "timestamp_ms or 0, list(headers) or None); the count queued. If a call raises, the "
+     "exception propagates with records_queued set to the count queued before it."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
     .m_name = "xinfra._records",
-    .m_doc = "The read path's per-record work in C: see xinfra/_records.c.",
+    .m_doc = "The per-record work of the read and produce paths in C: see xinfra/_records.c.",
     .m_size = -1,
     .m_methods = methods,
 };
@@ -800,6 +1083,12 @@ PyInit__records(void)
         if (field_strings[f] == NULL) {
             return NULL;
         }
+    }
+    size_bytes_string = PyUnicode_InternFromString("size_bytes");
+    records_queued_string = PyUnicode_InternFromString("records_queued");
+    zero = PyLong_FromLong(0);
+    if (size_bytes_string == NULL || records_queued_string == NULL || zero == NULL) {
+        return NULL;
     }
     if (PyType_Ready(&RecordType) < 0) {
         return NULL;

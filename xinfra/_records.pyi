@@ -1,6 +1,6 @@
 """Types of the C extension ``xinfra._records`` (see ``xinfra/_records.c`` for why it exists)."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import Field
 from typing import Any, ClassVar, TypeVar
 
@@ -38,3 +38,29 @@ class Record:
 
 def record_fields(fields: dict[str, Any], /) -> None:
     """Record's ``__dataclass_fields__``: the ``dataclasses`` functions take a Record."""
+
+def record_sizes(records: Sequence[Record], /) -> tuple[int, int, bool]:
+    """``(total, largest, plain)``: what ``send`` checks before anything is queued.
+
+    A record's size is ``size_bytes()`` if it has headers or a timestamp, else
+    ``len(value) + len(key)`` (``None`` counts 0); ``plain``: no record has
+    headers or a timestamp.  Any object with the four fields is taken (the C
+    ``Record`` is read directly); a missing field raises ``AttributeError``.
+    """
+
+def produce_records(
+    produce: Callable[..., object],
+    topic: str,
+    partition: int,
+    on_delivery: Callable[..., object],
+    records: Sequence[Record],
+    plain: bool,
+    /,
+) -> int:
+    """``produce(topic, value, key, partition, on_delivery)`` per record, in order, positionally.
+
+    Not ``plain``: ``produce(topic, value, key, partition, on_delivery, None,
+    timestamp_ms or 0, list(headers) or None)``.  Returns the count queued.  If
+    a call (or reading a record) raises, the exception propagates with
+    ``records_queued`` set on it: how many records were queued before it.
+    """
