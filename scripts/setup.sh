@@ -4,7 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+python=${PYTHON:-python3}
 need_apt=()
+command -v gcc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)                 # builds xinfra/_records.c
+"$python" -c 'import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+  || need_apt+=(python3-dev)                                                # its Python headers
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)        # ZooKeeper
 command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)     # validates docker-compose.yml
 command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || need_apt+=(mariadb-server)
@@ -20,7 +25,6 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   fi
 fi
 
-python=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv" >&2
   "$python" -m venv .venv
