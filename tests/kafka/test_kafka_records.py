@@ -7,14 +7,13 @@ from __future__ import annotations
 import contextlib
 import gc
 import sys
-import tracemalloc
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import pytest
 from confluent_kafka import KafkaError, Message
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from leaks import LEAK_BYTES_MAX, bytes_kept
 
 from backends.kafka.records import to_records
 from clients.consumer import XinfraRecord
@@ -223,28 +222,14 @@ def test_an_accessor_raising_is_raised_and_leaks_nothing(failing: str) -> None:
     ]
     with pytest.raises(TypeError, match="timestamp"):
         to_records([_Raising("shape")])  # type: ignore[list-item]
-    before = _traced_bytes(lambda: _raise_many(chunk))
-    assert before < 64 << 10, before
+    kept = bytes_kept(lambda: _raise_many(chunk))
+    assert kept < LEAK_BYTES_MAX, kept
 
 
 def _raise_many(chunk: list[Any]) -> None:
     for _ in range(2000):
         with contextlib.suppress(RuntimeError):
             to_records(chunk)
-
-
-def _traced_bytes(run: Callable[[], None]) -> int:
-    """Bytes still allocated after ``run`` (once warmed up): a leak per call shows here."""
-    run()
-    gc.collect()
-    tracemalloc.start()
-    try:
-        start = tracemalloc.get_traced_memory()[0]
-        run()
-        gc.collect()
-        return tracemalloc.get_traced_memory()[0] - start
-    finally:
-        tracemalloc.stop()
 
 
 def test_converting_many_chunks_leaks_nothing() -> None:
@@ -260,7 +245,7 @@ def test_converting_many_chunks_leaks_nothing() -> None:
         for _ in range(5000):
             to_records(chunk, XinfraRecord, ("topic", 1))
 
-    assert _traced_bytes(convert_and_drop) < 64 << 10
+    assert bytes_kept(convert_and_drop) < LEAK_BYTES_MAX
     kept, _ = to_records(chunk)
     # The list, the loop's name and getrefcount's argument: none left over from the C.
     assert [sys.getrefcount(record) for record in kept] == [3, 3, 3]

@@ -13,13 +13,13 @@ from __future__ import annotations
 import dataclasses
 import gc
 import sys
-import tracemalloc
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from leaks import LEAK_BYTES_MAX, bytes_kept
 
 from xinfra._records import produce_records, record_sizes
 from xinfra.model import Record
@@ -288,17 +288,8 @@ def exercise() -> None:
 
 
 def test_many_passes_leak_nothing() -> None:
-    exercise()
-    gc.collect()
-    tracemalloc.start()
-    try:
-        start = tracemalloc.get_traced_memory()[0]
-        exercise()
-        gc.collect()
-        grown = tracemalloc.get_traced_memory()[0] - start
-    finally:
-        tracemalloc.stop()
-    assert grown < 64 << 10, grown
+    kept = bytes_kept(exercise)
+    assert kept < LEAK_BYTES_MAX, kept
 
 
 def test_every_reference_taken_is_released() -> None:

@@ -10,10 +10,10 @@ import copy
 import dataclasses
 import gc
 import pickle
-import tracemalloc
 from typing import Any
 
 import pytest
+from leaks import LEAK_BYTES_MAX, bytes_kept
 
 from xinfra.model import Record
 
@@ -121,14 +121,5 @@ def test_making_many_leaks_nothing() -> None:
             with pytest.raises(TypeError):
                 Record(b"v", value=b"w")
 
-    make()
-    gc.collect()
-    tracemalloc.start()
-    try:
-        start = tracemalloc.get_traced_memory()[0]
-        make()
-        gc.collect()
-        grown = tracemalloc.get_traced_memory()[0] - start
-    finally:
-        tracemalloc.stop()
-    assert grown < 64 << 10, grown
+    kept = bytes_kept(make)
+    assert kept < LEAK_BYTES_MAX, kept
