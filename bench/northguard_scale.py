@@ -13,8 +13,10 @@ after each phase.
   yields lets no linger timer fire until it ends, so it measures the client's
   build time and then the broker's, one after the other).  The widths run in a rotated order each
   round (paired rounds: the 512/1 ratio is taken per round).  Per width the
-  broker's flushes, fsyncs per flush, mean flush time and appends per flush
-  are reported.
+  broker's flushes, fsyncs per flush (the flushes' own: the WAL's), mean
+  flush time, appends per flush, every fsync and the checkpoints' (a
+  checkpoint of the width before may end in this one's window), and the
+  segment files made with the time their opens took are reported.
 * **First write to 4,096 new ranges**: a fresh topic of 4,096 ranges, one
   record sent to every range at once; timed from the first send to the last
   acknowledgement (every range opens its first segment: a store create and a
@@ -143,16 +145,21 @@ async def produce(
 
 def flush_facts(counts: dict[str, float]) -> dict[str, Any]:
     flushes = counts.get("northguard_store_flushes_total", 0.0)
-    fsyncs = counts.get("northguard_store_fsyncs_total", 0.0)
+    flush_fsyncs = counts.get("northguard_store_flush_fsyncs_total", 0.0)
     appends = counts.get("northguard_store_flushed_appends_total", 0.0)
     flush_s = counts.get("northguard_store_flush_seconds_total", 0.0)
     return {
         "flushes": int(flushes),
-        "fsyncs_per_flush": round(fsyncs / flushes, 2) if flushes else None,
+        "fsyncs_per_flush": round(flush_fsyncs / flushes, 2) if flushes else None,
         "flush_ms_mean": round(flush_s / flushes * 1000, 2) if flushes else None,
         "appends_per_flush": round(appends / flushes, 1) if flushes else None,
         "checkpoint_fsyncs": int(counts.get("northguard_store_checkpoint_fsyncs_total", 0.0)),
         "checkpoints": int(counts.get("northguard_store_checkpoints_total", 0.0)),
+        "fsyncs": int(counts.get("northguard_store_fsyncs_total", 0.0)),  # every kind, everyone's
+        "files_created": int(counts.get("northguard_store_segment_files_created_total", 0.0)),
+        "file_create_s": round(
+            counts.get("northguard_store_segment_file_create_seconds_total", 0.0), 4
+        ),
     }
 
 

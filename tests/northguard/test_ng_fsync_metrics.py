@@ -5,9 +5,9 @@ only fsync stops the process), a producer writes to many ranges at once for
 several flushes, and once a checkpoint has synced the segment files, the
 counters on ``/metrics`` must equal the calls in the trace, kind by kind:
 WAL files, segment files, directories (renames and their marker files) and
-the metadata journal.  ``northguard_store_fsyncs_total`` (what a benchmark
-divides by the flushes) must count them all, so fsyncs per flush grows when
-a flush's real cost does.
+the metadata journal.  ``northguard_store_fsyncs_total`` (what the gauge
+``northguard_store_fsyncs_per_flush`` divides by the flushes) must count them
+all, so fsyncs per flush grows when a flush's real cost does.
 """
 
 from __future__ import annotations

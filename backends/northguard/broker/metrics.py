@@ -60,6 +60,7 @@ class _StoreCollector(Collector):
         stats = self._store.stats
         pool = self._store.pool
         syncs = self._store.syncs
+        creations = self._store.file_creations
         for name, help_text, value in (
             ("northguard_store_flushes", "Group commits (flushes) done", stats.flushes),
             (
@@ -116,6 +117,16 @@ class _StoreCollector(Collector):
                 "northguard_store_descriptor_refusals",
                 "Operations failed for want of a file descriptor",
                 stats.descriptor_refusals,
+            ),
+            (
+                "northguard_store_segment_files_created",
+                "Segment files made by their first open (O_CREAT: an inode allocation each)",
+                creations.files,
+            ),
+            (
+                "northguard_store_segment_file_create_seconds",
+                "Time spent in the opens that made segment files",
+                creations.seconds,
             ),
             ("northguard_store_pool_opens", "Segment files opened by the pool", pool.opens),
             ("northguard_store_pool_closes", "Idle segment files closed by the pool", pool.closes),

@@ -57,8 +57,11 @@ store's WAL unreleased until the next write).
 **Counted, not computed.**  Every fsync the store makes goes through a
 ``CountingDisk`` and is counted as it returns, by kind (``syncs``: WAL,
 segment files, directories, index); ``stats.fsyncs`` is what flushes made
-and ``stats.checkpoint_fsyncs`` what checkpoints made, each measured across
-its own step, so "fsyncs per flush" is what the disk was asked for.
+and ``stats.checkpoint_fsyncs`` what checkpoints made, each counted by the
+step that made it (``SyncCount.tally``: its thread and the threads it fans
+out to), never as the difference of the totals across it: a checkpoint
+syncs its files and their directory while flushes run, and those syncs are
+not the flushes'.  So "fsyncs per flush" is what the disk was asked for.
 ``close`` checkpoints, so a clean restart has nothing to replay.  A delete
 checkpoints too, so the WAL never replays a deleted segment's frames into a
 segment re-created with its id (``create_segment`` of such an id waits for a
@@ -93,7 +96,8 @@ waits for the device), and their fsyncs are paid by the checkpoint, once a
 second for all of them (one shared journal commit on ext4).  A new segment's
 file is made by its first write: on this ext4 an inode costs 0.1-0.9 ms of
 kernel CPU (more where many files were deleted lately), a one-off per
-segment that a first write to thousands of ranges pays at the checkpoint.  With 100-record batches of 100-byte
+segment that a first write to thousands of ranges pays at the checkpoint
+(counted and timed in ``file_creations``).  With 100-record batches of 100-byte
 records (10 KB per append), a flush carries what arrives in its window: at
 200 MB/s that is 2 MB = 200 appends = 20k records (the record bound), ~100
 flushes/s, ~2M records/s.  The ceiling is the event loop's per-append cost
@@ -141,9 +145,10 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import contextvars
 import logging
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -168,7 +173,7 @@ from backends.northguard.store.offset_index import (
     SegmentEnd,
 )
 from backends.northguard.store.read_cache import ReadCache
-from backends.northguard.store.segment_file import SegmentFile
+from backends.northguard.store.segment_file import FileCreations, SegmentFile
 from backends.northguard.store.segment_meta import (
     META_SUFFIX,
     SEGMENT_SUFFIX,
@@ -212,6 +217,8 @@ def _side_by_side(function: Callable[[_T], _R], items: list[_T]) -> list[_R | Ex
     One pool task per thread, each going through its share of the items, not
     one per item: with hundreds of segments a task each cost more than the
     writes (futures, locks and GIL hand-offs, all on the event loop's GIL).
+    Each task runs in a copy of the caller's context, so the fsyncs it makes
+    count in the caller's ``SyncCount.tally``.
     """
 
     def run(share: list[_T]) -> list[_R | Exception]:
@@ -226,7 +233,10 @@ def _side_by_side(function: Callable[[_T], _R], items: list[_T]) -> list[_R | Ex
     if len(items) <= 1:
         return run(items)
     ways = min(_SIDE_BY_SIDE, len(items))
-    futures = [_FSYNC_POOL.submit(run, items[start::ways]) for start in range(ways)]
+    futures = [
+        _FSYNC_POOL.submit(contextvars.copy_context().run, run, items[start::ways])
+        for start in range(ways)
+    ]
     results: list[_R | Exception] = list(items)  # type: ignore[arg-type]  # each slot replaced
     for start, future in enumerate(futures):
         results[start::ways] = future.result()
@@ -268,10 +278,6 @@ def _append_one(write: tuple[SegmentFile, bytes]) -> int:
     file, data = write
     return file.append(data)
 
-
-_LOCKED_SYNCS = ("wal", "directory", "index")
-"""The kinds of fsync made only under ``_lock`` (the segment files' run beside it, in checkpoints):
-their count across a step under the lock is that step's own."""
 
 FLUSH_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, float("inf"))
 
@@ -394,6 +400,8 @@ class FpsStore(SegmentStore):
         self._runtime = runtime
         self.syncs = SyncCount()  # every fsync the store makes, by kind, counted as it returns
         self._disk = CountingDisk(runtime.disk, self.syncs)
+        # Segment files made by their first open, and the time those opens took (an inode each).
+        self.file_creations = FileCreations(runtime.monotonic_s)
         self.data_dir = data_dir
         self._segments_dir = data_dir / "segments"
         self._group_commit_s = group_commit_ms / 1000
@@ -854,7 +862,9 @@ class FpsStore(SegmentStore):
                     future.set_exception(error)
                     future.exception()  # retrieved: a cancelled creator must not warn
 
-    def _segment_file(self, segment_id: str, length: int, *, on_disk: bool = True) -> SegmentFile:
+    def _segment_file(
+        self, segment_id: str, length: int, *, on_disk: bool = True, exists: bool | None = None
+    ) -> SegmentFile:
         where = (self._segments_dir, segment_id + SEGMENT_SUFFIX)
         return SegmentFile(
             self._disk,
@@ -863,6 +873,8 @@ class FpsStore(SegmentStore):
             pool=self.pool,
             length=length,
             on_disk=on_disk,
+            exists=exists,
+            creations=self.file_creations,
         )
 
     def _create_blocking(self, metas: list[SegmentMeta]) -> None:
@@ -1205,9 +1217,9 @@ class FpsStore(SegmentStore):
         """Off the event loop, under ``_lock``: the group's frames to the WAL, fsynced: that is all
         an acknowledgement waits for (the segment files are written by ``_write_pending``)."""
         frames = [encode_frame(a.segment_id, a.base_offset, a.record_count, a.batch) for a in group]
-        before = self.syncs.get(*_LOCKED_SYNCS)
-        self._wal.append(b"".join(frames))  # may roll: the retired file waits for a checkpoint
-        return _FlushResult(frames=frames, fsyncs=self.syncs.get(*_LOCKED_SYNCS) - before)
+        with self.syncs.tally() as made:  # not a checkpoint's, syncing beside it
+            self._wal.append(b"".join(frames))  # may roll: the retired file waits for a checkpoint
+        return _FlushResult(frames=frames, fsyncs=made.count)
 
     def _complete(self, group: list[_Append], result: _FlushResult, flush_s: float) -> None:
         idle = not self._unwritten and not self._dirty  # no checkpoint armed for them yet
@@ -1454,16 +1466,24 @@ class FpsStore(SegmentStore):
 
     def _roll_wal(self) -> list[Path]:
         if self._wal.position:
-            before = self.syncs.get(*_LOCKED_SYNCS)
-            self._wal.roll()
-            self.stats.checkpoint_fsyncs += self.syncs.get(*_LOCKED_SYNCS) - before
+            with self._checkpoint_syncs():
+                self._wal.roll()
         return self._wal.take_retired()
+
+    @contextlib.contextmanager
+    def _checkpoint_syncs(self) -> Iterator[None]:
+        """Count the fsyncs made in the block, by this thread and those it fans out to, as the
+        checkpoint's (a failed step's too: they were made); not the flushes' beside it."""
+        with self.syncs.tally() as made:
+            try:
+                yield
+            finally:
+                self.stats.checkpoint_fsyncs += made.count
 
     async def _checkpoint_sync(self, taken: _Checkpoint) -> set[str]:
         """fsync the files, side by side; the segments no descriptor was left for are returned."""
         if not taken.dirty:
             return set()
-        before = self.syncs.get("segment")  # only checkpoints (one at a time) sync segment files
         try:
             skipped = await to_completion(
                 self._runtime.run_blocking(self._sync_files, [s.file for s in taken.dirty])
@@ -1472,7 +1492,6 @@ class FpsStore(SegmentStore):
             self._wal.retire(taken.covered)  # still needed: nothing is released
             self._redirty(taken.ends)
             raise self._fail(error, "syncing segment files") from error
-        self.stats.checkpoint_fsyncs += self.syncs.get("segment") - before
         paths = {file.path for file in skipped}
         return {s.meta.segment_id for s in taken.dirty if s.file.path in paths}
 
@@ -1480,13 +1499,12 @@ class FpsStore(SegmentStore):
         """fsync ``files`` side by side, then their directory if one of them was made since its
         last sync (a new segment's first write makes its file): an end is recorded only for a
         file whose bytes and directory entry are both durable.  Returns the files skipped."""
-        skipped = _fsync_all(files)
-        left_out = set(skipped)
-        made = [file for file in files if not file.on_disk and file not in left_out]
-        if made:
-            before = self.syncs.get("directory")
-            self._sync_segments_dir()
-            self.stats.checkpoint_fsyncs += self.syncs.get("directory") - before
+        with self._checkpoint_syncs():
+            skipped = _fsync_all(files)
+            left_out = set(skipped)
+            made = [file for file in files if not file.on_disk and file not in left_out]
+            if made:
+                self._sync_segments_dir()
             for file in made:
                 file.on_disk = True
         return skipped
@@ -1517,9 +1535,8 @@ class FpsStore(SegmentStore):
     def _record_ends(self, ends: dict[str, SegmentEnd], covered: list[Path], keep: bool) -> None:
         index = self._require_index()
         index.write([], ends)
-        before = self.syncs.get(*_LOCKED_SYNCS)
-        self._sync_index(index)
-        self.stats.checkpoint_fsyncs += self.syncs.get(*_LOCKED_SYNCS) - before
+        with self._checkpoint_syncs():
+            self._sync_index(index)
         if keep:
             self._wal.retire(covered)  # still needed by the files not synced
         else:
@@ -1691,8 +1708,9 @@ class FpsStore(SegmentStore):
             sid = meta.segment_id
             # Durable only if an end was recorded for it (after its directory was synced): a file
             # listed now may be one whose entry a power loss would still take.
-            on_disk = sid + SEGMENT_SUFFIX in present and sid in ends
-            self._segments[sid] = self._recover_segment(meta, ends.get(sid), on_disk)
+            exists = sid + SEGMENT_SUFFIX in present
+            on_disk = exists and sid in ends
+            self._segments[sid] = self._recover_segment(meta, ends.get(sid), on_disk, exists)
 
         report = ReplayReport()
         wal_files = sorted(self._wal.existing())
@@ -1814,7 +1832,7 @@ class FpsStore(SegmentStore):
         return True
 
     def _recover_segment(
-        self, meta: SegmentMeta, end: SegmentEnd | None, on_disk: bool
+        self, meta: SegmentMeta, end: SegmentEnd | None, on_disk: bool, exists: bool
     ) -> _Segment:
         """The segment as the index left it; its file is not opened (the pool opens it on demand)."""
         end = end or SegmentEnd(0, meta.start_offset)
@@ -1825,7 +1843,7 @@ class FpsStore(SegmentStore):
             self._require_index().truncate(meta.segment_id, end)
         return _Segment(
             meta,
-            self._segment_file(meta.segment_id, end.position, on_disk=on_disk),
+            self._segment_file(meta.segment_id, end.position, on_disk=on_disk, exists=exists),
             end_offset=end.end_offset,
             end_position=end.position,
             next_offset=end.end_offset,

@@ -15,18 +15,41 @@ directory entry durable), ``index`` (the offset index), ``journal``.
 Thread-safe: flushes, writer passes and checkpoints fsync from worker
 threads at once, so the counts are kept under a lock (an fsync costs
 ~1 ms; the lock ~100 ns).
+
+**Whose fsync.**  A step's own fsyncs are not the difference of the totals
+across it: a checkpoint syncs segment files and their directory while a
+flush appends to the WAL, so the difference across the flush held the
+checkpoint's directory syncs too.  ``tally`` counts, apart, the fsyncs made
+in the calling context (its thread, and the threads it hands work to with
+``contextvars.copy_context``) from its start to its end: what that step made.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from backends.northguard.runtime import Disk, File
 
 KINDS = ("wal", "segment", "directory", "index", "journal")
+
+
+@dataclass(eq=False)
+class Tally:
+    """The fsyncs one step made (see ``SyncCount.tally``); read ``count`` once the step is over."""
+
+    source: SyncCount
+    count: int = 0
+
+
+_tallies: contextvars.ContextVar[tuple[Tally, ...]] = contextvars.ContextVar(
+    "fsync_tallies", default=()
+)
 
 
 class SyncCount:
@@ -38,8 +61,24 @@ class SyncCount:
 
     def add(self, kind: str, count: int = 1) -> None:
         assert kind in self._counts, kind
-        with self._lock:
+        tallies = _tallies.get()
+        with self._lock:  # a tally may be shared by the threads a step fans out to
             self._counts[kind] += count
+            for tally in tallies:
+                if tally.source is self:
+                    tally.count += count
+
+    @contextlib.contextmanager
+    def tally(self) -> Iterator[Tally]:
+        """Count, apart, the fsyncs made in this context until the block ends: by this thread,
+        and by work it hands to other threads with its context (``copy_context().run``), not by
+        steps running beside it.  Steps nest: an fsync counts in every tally open around it."""
+        tally = Tally(self)
+        token = _tallies.set((*_tallies.get(), tally))
+        try:
+            yield tally
+        finally:
+            _tallies.reset(token)
 
     def get(self, *kinds: str) -> int:
         """The calls of ``kinds`` (every kind when none is named)."""

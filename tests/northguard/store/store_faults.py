@@ -4,6 +4,8 @@
 when told to, raises from ``fsync``/``pwrite``/``truncate`` of chosen files,
 holds their ``fsync`` as a hung device would (``stall_fsync``), refuses
 O_DIRECT, or grants it and then rejects direct writes with ``EINVAL``.
+``holds`` stop the next ``fsync`` or ``rename`` of a chosen file at a point a
+test names, so two threads' calls interleave in an order it sets (no sleeps).
 Nothing is mocked: every byte goes to a real file.
 """
 
@@ -16,6 +18,27 @@ from pathlib import Path
 
 from backends.northguard.runtime import Disk, File, OsDisk, RealRuntime
 from backends.northguard.store import FpsStore
+
+
+class Hold:
+    """The next call of one operation on one file, held: ``reached`` is set when it arrives, and
+    it goes on once ``release`` is set (30 s at most: a test that forgets fails, never hangs);
+    ``done`` is set when it has returned.  Later calls pass."""
+
+    def __init__(self, *, released: bool = False) -> None:
+        self.reached = threading.Event()
+        self.release = threading.Event()
+        self.done = threading.Event()
+        if released:  # only to learn when the call is done
+            self.release.set()
+
+    def arrive(self) -> bool:
+        """Whether this call is the held one (it waited for ``release``)."""
+        if self.reached.is_set():
+            return False
+        self.reached.set()
+        self.release.wait(30)
+        return True
 
 
 class FaultyFile(File):
@@ -49,7 +72,10 @@ class FaultyFile(File):
         if self._injected("fsync"):
             self.disk.fsync_failures += 1
             raise OSError(errno.EIO, f"injected fsync error on {self.path.name}")
+        hold = self.disk.held("fsync", self.path)
         self.inner.fsync()
+        if hold is not None:
+            hold.done.set()
 
     def truncate(self, size: int) -> None:
         if self._injected("truncate"):
@@ -72,6 +98,14 @@ class FaultyDisk(Disk):
         self.fsync_failures = 0
         self.stalled = threading.Event()  # set by an fsync that "stall_fsync" holds
         self.unstall = threading.Event()
+        self.holds: dict[tuple[str, str], Hold] = {}  # (operation, file name suffix) -> its hold
+
+    def held(self, operation: str, path: Path) -> Hold | None:
+        """The hold ``path``'s call of ``operation`` waited at, if it was the held one."""
+        for (held_operation, suffix), hold in tuple(self.holds.items()):
+            if held_operation == operation and path.name.endswith(suffix) and hold.arrive():
+                return hold
+        return None
 
     def open(self, path: Path, *, create: bool = True, direct: bool = False) -> File:
         if any(path.name.endswith(suffix) for suffix in self.faults.get("open", ())):
@@ -92,7 +126,10 @@ class FaultyDisk(Disk):
         self.inner.makedirs(path)
 
     def rename(self, source: Path, target: Path) -> None:
+        hold = self.held("rename", source)
         self.inner.rename(source, target)
+        if hold is not None:
+            hold.done.set()
 
 
 class FaultyRuntime(RealRuntime):
