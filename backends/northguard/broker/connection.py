@@ -44,6 +44,7 @@ from backends.northguard.broker.produce_session import PRODUCE_WINDOW_BYTES_MAX,
 from backends.northguard.broker.range_log import RangeLog
 from backends.northguard.broker.replication import ReplicaSession
 from backends.northguard.broker.requests import BROKER_OPS, handle_request, operation_of
+from backends.northguard.client.connection import close_writer
 from backends.northguard.credentials import ADMIN, ALL_TOPICS, READ, WRITE, Claims, verify
 from backends.northguard.protocol import MsgType
 from xinfra.errors import (
@@ -131,9 +132,7 @@ class BrokerConnection:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        with contextlib.suppress(Exception):
-            self._writer.close()
-            await self._writer.wait_closed()
+        await close_writer(self._writer)  # bounded: a client that reads nothing is aborted
 
     # -- output ----------------------------------------------------------------------------------
 

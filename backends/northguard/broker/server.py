@@ -344,8 +344,11 @@ class Broker:
         for server in (self._server, self._http):
             if server is not None:
                 server.close()
-        for connection in list(self._connections):
-            await connection.close()
+        # Together: each may wait its flush bound (CLOSE_FLUSH_S) for a client that reads nothing.
+        closes = [connection.close() for connection in list(self._connections)]
+        for failure in await asyncio.gather(*closes, return_exceptions=True):
+            if isinstance(failure, BaseException):
+                raise failure
         for task in (self._keeper_task, self._heartbeat_task):
             if task is not None:
                 task.cancel()

@@ -75,12 +75,36 @@ WRITE_BUFFER_BYTES_MAX = 8 << 20
 WRITE_BYTES_MAX = 1 << 20
 """The most bytes handed to the transport in one write, and its high-water mark: more waits in
 the outbox (as frames, not copied) until the transport drains below a quarter of it."""
+CLOSE_FLUSH_S = 2.0
+"""How long a closing connection lets its transport hand the peer what it still holds before it
+aborts the transport (``close_writer``)."""
 _STREAM_ID = struct.Struct("<I")
 REFRESH_AHEAD_S = 60.0
 """Re-authenticate this long before the connection's credential expires."""
 
 CredentialSource = Callable[[], str | None]
 """The freshest credential for a cluster (None: the broker is open), asked at every (re)connect."""
+
+
+async def close_writer(writer: asyncio.StreamWriter, flush_s: float = CLOSE_FLUSH_S) -> None:
+    """Close ``writer``'s transport: its queued bytes get ``flush_s`` to leave, then it is aborted.
+
+    A transport closed with bytes the socket has not taken keeps the socket open (and stops
+    reading it) until the peer reads them; a peer that stopped reading never does, so neither
+    ``wait_closed`` nor the socket would ever end.  Returns once the transport reports itself
+    closed (bounded: ``flush_s`` twice at most, the second after the abort).
+    """
+    with contextlib.suppress(Exception):
+        writer.close()
+    closed = asyncio.ensure_future(writer.wait_closed())
+    done, _ = await asyncio.wait({closed}, timeout=flush_s)
+    if not done:
+        writer.transport.abort()
+        done, _ = await asyncio.wait({closed}, timeout=flush_s)
+    if not done:
+        closed.cancel()
+    elif not closed.cancelled():
+        closed.exception()  # retrieved: a reset peer is what closing it expects
 
 
 class StreamHandler(Protocol):
@@ -396,8 +420,11 @@ class ClientConnection:
             self._writer.close()
 
     async def close(self) -> None:
-        """Close the socket and fail whatever is pending.  Idempotent."""
-        self._write_outbox(everything=True)  # frames already sent (a stream's close) still leave
+        """Close the socket and fail whatever is pending.  Idempotent.
+
+        Bounded: frames already sent (a stream's close) get ``CLOSE_FLUSH_S`` to leave; a peer
+        that does not read them by then has the connection aborted (``close_writer``)."""
+        self._write_outbox(everything=True)
         self._fail(BackendUnavailable(f"connection to Northguard broker {self.address} closed"))
         for task in (self._task, self._writing):
             if task is None:
@@ -406,3 +433,4 @@ class ClientConnection:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await close_writer(self._writer)
