@@ -30,7 +30,6 @@ socket before the connection stops reading (back-pressure on a slow client).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Any
@@ -44,7 +43,7 @@ from backends.northguard.broker.produce_session import PRODUCE_WINDOW_BYTES_MAX,
 from backends.northguard.broker.range_log import RangeLog
 from backends.northguard.broker.replication import ReplicaSession
 from backends.northguard.broker.requests import BROKER_OPS, handle_request, operation_of
-from backends.northguard.client.connection import close_writer
+from backends.northguard.client.connection import CLOSE_FLUSH_S, close_writer
 from backends.northguard.credentials import ADMIN, ALL_TOPICS, READ, WRITE, Claims, verify
 from backends.northguard.protocol import MsgType
 from xinfra.errors import (
@@ -127,12 +126,31 @@ class BrokerConnection:
         for session in self._replicas.values():
             session.fenced = True  # its leader is gone: the coordinator fences and seals it
         self._replicas.clear()
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._cancel_requests()
         await close_writer(self._writer)  # bounded: a client that reads nothing is aborted
+
+    async def _cancel_requests(self) -> None:
+        """Cancel the requests in flight and wait for them, at most ``CLOSE_FLUSH_S``.
+
+        A request may run a step that finishes before it honours a cancel (a journal commit
+        run ``to_completion``, waiting on a metadata replica): a broker's ``stop`` must not wait
+        on it without bound, so what is still running then is logged and left to end alone (its
+        answer is dropped: ``_write`` writes nothing once the connection is closed)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if not tasks:
+            return
+        done, running = await asyncio.wait(tasks, timeout=CLOSE_FLUSH_S)
+        for task in done:
+            if not task.cancelled():
+                task.exception()  # retrieved: a request's failure was answered or logged
+        if running:
+            log.warning(
+                "closing connection from %s: %d request(s) still running %.0f s after their "
+                "cancel; left to end on their own",
+                self.peer, len(running), CLOSE_FLUSH_S,
+            )  # fmt: skip
 
     # -- output ----------------------------------------------------------------------------------
 
