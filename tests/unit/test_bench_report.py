@@ -100,4 +100,9 @@ def test_storage_facts_name_the_filesystem(tmp_path: Path) -> None:
     facts = report.storage_facts(tmp_path)
     assert facts["data_dir_fs"] not in ("", "unknown")
     assert isinstance(facts["o_direct_granted"], bool)
+    if facts["data_dir_fs"] == "ext4":
+        assert isinstance(facts["data_dir_ext4_journal"], bool)
+    else:
+        assert facts["data_dir_ext4_journal"] is None
+    assert report.ext4_journal("/proc") is None
     assert list(tmp_path.iterdir()) == []  # the probe leaves nothing behind
