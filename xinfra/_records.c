@@ -439,6 +439,19 @@ static PyTypeObject RecordType;
 
 #define RECORD_FIELD(self, i) ((&((RecordObject *)(self))->value)[i])
 
+/* Every field atomic (see ``is_atomic``): bytes, str, int or None, or an untracked tuple. */
+static int
+record_is_atomic(RecordObject *self)
+{
+    for (int f = 0; f < F_COUNT; f++) {
+        PyObject *item = RECORD_FIELD(self, f);
+        if (item != NULL && !is_atomic(item)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 static PyObject *
 record_make(PyTypeObject *type, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -490,6 +503,13 @@ record_make(PyTypeObject *type, PyObject *const *args, Py_ssize_t nargs, PyObjec
     self->key = Py_NewRef(given[F_KEY] != NULL ? given[F_KEY] : Py_None);
     self->headers = Py_NewRef(given[F_HEADERS] != NULL ? given[F_HEADERS] : empty_tuple);
     self->timestamp_ms = Py_NewRef(given[F_TIMESTAMP] != NULL ? given[F_TIMESTAMP] : Py_None);
+    if (Py_IS_TYPE(self, &RecordType) && record_is_atomic(self)) {
+        /* Nothing it holds can lead back to it: no cycle can pass through it, so the collector
+         * need not scan it (an application builds thousands per send and each one was scanned
+         * by every young collection while alive).  ``record_setattro`` tracks it again when a
+         * field is given an object that could. */
+        PyObject_GC_UnTrack(self);
+    }
     return (PyObject *)self;
 }
 
@@ -560,6 +580,19 @@ record_dealloc(RecordObject *self)
     PyObject_GC_UnTrack(self);
     record_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Fields stay settable as the dataclass's were; a record the collector does not scan (built
+ * atomic, see ``record_make``) is tracked again once a field holds an object that could lead
+ * back to it, so a cycle made later is still collected. */
+static int
+record_setattro(PyObject *self, PyObject *name, PyObject *value)
+{
+    int result = PyObject_GenericSetAttr(self, name, value);
+    if (result == 0 && value != NULL && !PyObject_GC_IsTracked(self) && !is_atomic(value)) {
+        PyObject_GC_Track(self);
+    }
+    return result;
 }
 
 /* The four fields as a new tuple, or NULL (AttributeError) when one was deleted. */
@@ -759,6 +792,7 @@ static PyTypeObject RecordType = {
     .tp_repr = record_repr,
     .tp_methods = record_methods,
     .tp_members = record_members,
+    .tp_setattro = record_setattro,
 };
 
 /* -- the producer's pass ------------------------------------------------------------------ */

@@ -110,6 +110,31 @@ def test_a_subclass_and_a_cycle_are_handled() -> None:
     assert gc.collect() >= 1
 
 
+def test_a_record_that_cannot_reach_a_cycle_is_not_scanned_until_a_field_could() -> None:
+    """Built atomic (bytes, int, None, the empty or an untracked tuple), a record is untracked:
+    young collections skip it.  A field given an object that could lead back to it tracks it
+    again, and the cycle it then closes is collected."""
+    plain = Record(b"v", key=b"k", timestamp_ms=5)
+    assert not gc.is_tracked(plain)
+    assert gc.is_tracked(Record(b"v", headers=[("h", b"1")]))  # type: ignore[arg-type]
+    fresh = tuple([("h", b"1")])  # built at run time: tracked until a collection looks at it
+    assert gc.is_tracked(fresh) and gc.is_tracked(Record(b"v", headers=fresh))
+
+    class Sub(Record):
+        pass
+
+    assert gc.is_tracked(Sub(b"v"))  # a subclass's instance has a __dict__ that may hold anything
+    plain.timestamp_ms = 6
+    assert not gc.is_tracked(plain)
+    holder: list[Any] = []
+    plain.headers = holder  # type: ignore[assignment]
+    assert gc.is_tracked(plain)
+    holder.append(plain)
+    gc.collect()
+    del plain, holder
+    assert gc.collect() >= 2  # the record and the list
+
+
 def test_making_many_leaks_nothing() -> None:
     def make() -> None:
         for i in range(20_000):
