@@ -8,12 +8,13 @@ event loop, so a health probe that answers proves the loop is alive.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from backends.northguard.client.connection import close_writer
 
 REQUEST_BYTES_MAX = 8192
 REQUEST_TIMEOUT_S = 5.0
@@ -50,7 +51,6 @@ class HealthServer:
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
                 + body
             )
-            await writer.drain()
         except (
             TimeoutError,
             ValueError,
@@ -60,6 +60,6 @@ class HealthServer:
         ):
             pass
         finally:
-            with contextlib.suppress(Exception):
-                writer.close()
-                await writer.wait_closed()
+            # The answer leaves as the transport closes, bounded: a scraper that stops reading
+            # is aborted, never waited on (an unbounded drain or wait_closed held it forever).
+            await close_writer(writer)
