@@ -313,12 +313,21 @@ error:
     return NULL;
 }
 
+/* The arity check of a METH_FASTCALL function: ``signature`` names it and its arguments. */
+static int
+check_nargs(const char *signature, Py_ssize_t nargs, Py_ssize_t expected)
+{
+    if (nargs == expected) {
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "%s, got %zd arguments", signature, nargs);
+    return -1;
+}
+
 static PyObject *
 kafka_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_Format(PyExc_TypeError, "kafka_records takes (messages, cls, prefix), got %zd "
-                     "arguments", nargs);
+    if (check_nargs("kafka_records takes (messages, cls, prefix)", nargs, 3) < 0) {
         return NULL;
     }
     PyObject *messages = args[0];
@@ -990,9 +999,9 @@ note_queued(Py_ssize_t queued)
 static PyObject *
 produce_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError, "produce_records takes (produce, topic, partition, "
-                     "on_delivery, records, plain), got %zd arguments", nargs);
+    if (check_nargs("produce_records takes (produce, topic, partition, on_delivery, records, "
+                    "plain)",
+                    nargs, 6) < 0) {
         return NULL;
     }
     PyObject *produce = args[0];
