@@ -22,6 +22,13 @@ credential (a connection may re-authenticate at any time).  ``ping`` is
 answered without a credential (it reveals the broker id only).  Streams are
 authorized when opened and are not cut when the credential later expires.
 
+Frames a connection answers in one turn of the event loop (the Acks of one
+group commit, one per stream it completed) leave in one socket write at the
+end of the turn: a write per Ack was a system call and a wake-up of the
+client each, about 5,000 of them a second for one producer writing 512
+ranges (``northguard_writes`` counts the writes, ``northguard_acks`` the
+Acks).
+
 Bounds: ``STREAMS_PER_CONNECTION_MAX`` streams, ``REQUESTS_INFLIGHT_MAX``
 unary requests in flight, and ``WRITE_BUFFER_BYTES_MAX`` bytes queued for the
 socket before the connection stops reading (back-pressure on a slow client).
@@ -86,6 +93,8 @@ class BrokerConnection:
         self._replicas: dict[int, ReplicaSession] = {}  # replica streams this broker follows
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._outbox: list[bytes] = []  # frames of this turn, written together at its end
+        self._loop = asyncio.get_running_loop()
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
 
@@ -99,6 +108,7 @@ class BrokerConnection:
                     break
                 for item in decoder.feed(data):
                     self._dispatch(item)
+                self._write_outbox()
                 if self._writer.transport.get_write_buffer_size() > WRITE_BUFFER_BYTES_MAX:
                     await self._writer.drain()
         except ProtocolError as error:
@@ -127,6 +137,7 @@ class BrokerConnection:
             session.fenced = True  # its leader is gone: the coordinator fences and seals it
         self._replicas.clear()
         await self._cancel_requests()
+        self._write_outbox()  # what was answered before the close (an ERROR frame) still goes
         await close_writer(self._writer)  # bounded: a client that reads nothing is aborted
 
     async def _cancel_requests(self) -> None:
@@ -155,11 +166,23 @@ class BrokerConnection:
     # -- output ----------------------------------------------------------------------------------
 
     def _write(self, data: bytes) -> None:
-        if not self._closed and not self._writer.is_closing():
-            self._writer.write(data)
+        """Queue one frame: it leaves with the turn's others when the turn ends."""
+        if not self._closed:
+            if not self._outbox:
+                self._loop.call_soon(self._write_outbox)
+            self._outbox.append(data)
+
+    def _write_outbox(self) -> None:
+        outbox = self._outbox
+        if outbox:
+            self._outbox = []
+            if not self._writer.is_closing():
+                self._writer.writelines(outbox)
+                self._metrics.writes.inc()
 
     async def _write_and_drain(self, data: bytes) -> None:
         self._write(data)
+        self._write_outbox()  # a Push: at once, so the buffer's size below counts it
         if self._writer.transport.get_write_buffer_size() > WRITE_BUFFER_BYTES_MAX:
             await self._writer.drain()
 

@@ -25,6 +25,9 @@ class BrokerMetrics:
         self.append_bytes = Counter("northguard_append_bytes", "Batch bytes appended", registry=r)
         self.append_records = Counter("northguard_append_records", "Records appended", registry=r)
         self.acks = Counter("northguard_acks", "Ack frames sent", registry=r)
+        self.writes = Counter(
+            "northguard_writes", "Socket writes to clients (a turn's frames go in one)", registry=r
+        )
         self.pushes = Counter("northguard_pushes", "Push frames sent", registry=r)
         self.push_bytes = Counter("northguard_push_bytes", "Batch bytes pushed", registry=r)
         self.requests = Counter("northguard_requests", "Unary requests", ["op"], registry=r)

@@ -1,0 +1,89 @@
+"""Frames leave a connection together: a broker's Acks of one group commit in one socket write,
+and a client's frames at least ``WRITE_GAP_S`` after its last write.
+
+A producer writing many ranges gets one Ack per range per group commit; a
+write each was a system call on the broker and a wake-up of the client per
+Ack.  The broker counts its writes (``northguard_writes``) beside its Acks.
+A client sending once per turn wrote once per turn; it now waits for the gap
+after a recent write, but never adds it to a frame sent after a pause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from ng_harness import WAIT_S, backend_for, in_process_broker
+
+from backends.northguard import protocol
+from backends.northguard.broker.server import Broker
+from backends.northguard.client import connection as client_connection
+from backends.northguard.client.connection import WRITE_BYTES_MAX, ClientConnection
+from backends.northguard.protocol import MsgType
+from backends.northguard.runtime import RealRuntime
+from xinfra.backend import ProducerOptions
+from xinfra.keyspace import shard_ranges
+from xinfra.model import Record
+
+RANGES = 64
+
+
+def counter(broker: Broker, name: str) -> float:
+    value = broker.metrics.registry.get_sample_value(f"{name}_total")
+    assert value is not None, name
+    return value
+
+
+async def test_the_acks_of_one_group_commit_leave_in_one_write(tmp_path: Path) -> None:
+    broker = await in_process_broker(tmp_path / "broker")
+    try:
+        backend = backend_for(f"127.0.0.1:{broker.port}")
+        try:
+            await backend.create_topic("t", shard_ranges(RANGES))
+            producer = backend.producer("t", ProducerOptions(linger_ms=0))
+            # Every range's stream opened (its answers are writes too), then one send to each,
+            # all in one turn: one group commit, one Ack per range.
+            await asyncio.gather(*(producer.send(s, [Record(b"open")]) for s in range(RANGES)))
+            acks, writes = counter(broker, "northguard_acks"), counter(broker, "northguard_writes")
+            offsets = await asyncio.gather(
+                *(producer.send(s, [Record(b"%d" % s)]) for s in range(RANGES))
+            )
+            assert offsets == [[1]] * RANGES
+            acks = counter(broker, "northguard_acks") - acks
+            writes = counter(broker, "northguard_writes") - writes
+            await producer.close()
+        finally:
+            await backend.close()
+    finally:
+        await broker.stop()
+    assert acks >= RANGES
+    assert writes * 8 <= acks, f"{writes:.0f} writes for {acks:.0f} Acks"
+
+
+async def test_a_client_frame_waits_only_behind_a_recent_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client_connection, "WRITE_GAP_S", 3600.0)  # the gap, made unmissable
+    broker = await in_process_broker(tmp_path / "broker", store="memory")
+    try:
+        connection = await ClientConnection.open(RealRuntime(), f"127.0.0.1:{broker.port}", WAIT_S)
+        try:
+            # The connection's first write: at the end of its turn, however long the gap.
+            first = await asyncio.wait_for(connection.request("ping", WAIT_S), WAIT_S)
+            assert first["broker_id"]
+            # Right behind it: held for the gap...
+            second = asyncio.ensure_future(connection.request("ping", WAIT_S))
+            done, _ = await asyncio.wait({second}, timeout=0.5)
+            assert not done, "a frame sent right after a write did not wait for the gap"
+            # ...until the outbox holds WRITE_BYTES_MAX: then everything leaves at once.
+            pad = "x" * (WRITE_BYTES_MAX // 2)
+            for correlation in (1 << 30, (1 << 30) + 1):  # answers nobody waits for
+                connection.send(
+                    protocol.encode_json(MsgType.REQUEST, correlation, {"op": "ping", "pad": pad})
+                )
+            assert (await asyncio.wait_for(second, WAIT_S))["broker_id"] == first["broker_id"]
+        finally:
+            await connection.close()
+    finally:
+        await broker.stop()
