@@ -96,52 +96,90 @@ class Frame:
 
 
 class FrameDecoder:
-    """Incremental frame parser with a hard bound on buffered bytes (one frame plus one read)."""
+    """Incremental frame parser with a hard bound on buffered bytes (one frame plus one read).
+
+    Each frame's body is copied once, out of the bytes it arrived in: what a
+    read completes is parsed where it lies, and only a frame cut by the end
+    of a read waits in the buffer for the rest (a bytearray slice and its
+    ``bytes`` were two copies of every byte, joining the buffer a third).
+    """
 
     def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX) -> None:
         self.frame_bytes_max = frame_bytes_max
-        self._buffer = bytearray()
-        self._start = 0
+        self._buffer = bytearray()  # the start of a frame cut by the end of a read
 
     def feed(self, data: bytes) -> list[Frame]:
         """Frames completed by ``data``; raises ``ProtocolError`` on the first bad frame."""
         buffer = self._buffer
-        buffer += data
         frames: list[Frame] = []
-        start = self._start
-        end = len(buffer)
+        if buffer:
+            # Complete the cut frame first (its header may itself be cut), then go on in ``data``.
+            taken = self._complete(buffer, data, frames)
+            if buffer:
+                return frames  # ``data`` was all taken and the frame is still not whole
+            view = memoryview(data)[taken:]
+        else:
+            view = memoryview(data)
+        with view:
+            start = self._parse(view, frames)
+            if start < len(view):
+                buffer += view[start:]
+        return frames
+
+    def _complete(self, buffer: bytearray, data: bytes, frames: list[Frame]) -> int:
+        """Move bytes of ``data`` into ``buffer`` until its frame is whole (then parse it and
+        empty the buffer) or ``data`` ends; return how many bytes of ``data`` were taken."""
+        taken = 0
+        if len(buffer) < PREFIX_BYTES:
+            taken = min(PREFIX_BYTES - len(buffer), len(data))
+            buffer += data[:taken]
+            if len(buffer) < PREFIX_BYTES:
+                return taken
+        length = self._check(buffer, 0)
+        more = min(4 + length - len(buffer), len(data) - taken)
+        buffer += data[taken : taken + more]
+        taken += more
+        if len(buffer) == 4 + length:
+            self._parse(buffer, frames)
+            buffer.clear()
+        return taken
+
+    def _parse(self, view: memoryview | bytearray, frames: list[Frame]) -> int:
+        """Append the whole frames at the start of ``view``; return where the first cut one starts."""
+        start = 0
+        end = len(view)
         while end - start >= PREFIX_BYTES:
-            length, version, kind = _PREFIX.unpack_from(buffer, start)
-            if length > self.frame_bytes_max + 2:
-                raise ProtocolError(
-                    f"frame of {length} bytes exceeds the limit of {self.frame_bytes_max}"
-                )
-            if length < 2:
-                raise ProtocolError(f"frame length {length} is shorter than its header")
-            if version != PROTOCOL_VERSION:
-                raise UnsupportedVersion(
-                    f"protocol version {version} is not supported; this peer speaks {PROTOCOL_VERSION}"
-                )
-            if kind not in _TYPES:
-                raise ProtocolError(f"unknown message type {kind}")
+            length = self._check(view, start)
             if end - start < 4 + length:
                 break
             frames.append(
-                Frame(MsgType(kind), bytes(buffer[start + PREFIX_BYTES : start + 4 + length]))
+                Frame(
+                    MsgType(view[start + 5]), bytes(view[start + PREFIX_BYTES : start + 4 + length])
+                )
             )
             start += 4 + length
-        if start == end:
-            buffer.clear()
-            start = 0
-        elif start > 1 << 16:
-            del buffer[:start]
-            start = 0
-        self._start = start
-        return frames
+        return start
+
+    def _check(self, data: memoryview | bytearray, start: int) -> int:
+        """The length of the frame whose header starts at ``start``; raises on a bad header."""
+        length, version, kind = _PREFIX.unpack_from(data, start)
+        if length > self.frame_bytes_max + 2:
+            raise ProtocolError(
+                f"frame of {length} bytes exceeds the limit of {self.frame_bytes_max}"
+            )
+        if length < 2:
+            raise ProtocolError(f"frame length {length} is shorter than its header")
+        if version != PROTOCOL_VERSION:
+            raise UnsupportedVersion(
+                f"protocol version {version} is not supported; this peer speaks {PROTOCOL_VERSION}"
+            )
+        if kind not in _TYPES:
+            raise ProtocolError(f"unknown message type {kind}")
+        return int(length)
 
     @property
     def buffered_bytes(self) -> int:
-        return len(self._buffer) - self._start
+        return len(self._buffer)
 
 
 def frame(kind: MsgType, *parts: bytes) -> bytes:

@@ -25,9 +25,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from backends.northguard.frame_reader import FrameReader
+
 T = TypeVar("T")
 
 ConnectionHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+FrameHandler = Callable[[FrameReader, asyncio.StreamWriter], Awaitable[None]]
+READER_LIMIT_BYTES = 1 << 20
+"""A connection's reading pauses while twice this many bytes wait to be taken."""
 
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 """A server drops a connection whose TLS handshake has not completed in this time."""
@@ -91,9 +96,20 @@ class Disk(abc.ABC):
 class Network(abc.ABC):
     @abc.abstractmethod
     async def serve(
-        self, host: str, port: int, handler: ConnectionHandler, tls: ssl.SSLContext | None = None
+        self, host: str, port: int, handler: ConnectionHandler
     ) -> asyncio.AbstractServer:
-        """Listen and run ``handler`` per connection until the server is closed.
+        """Listen and run ``handler`` per connection (plain bytes: the HTTP endpoint)."""
+
+    @abc.abstractmethod
+    async def serve_frames(
+        self,
+        host: str,
+        port: int,
+        handler: FrameHandler,
+        frame_bytes_max: int,
+        tls: ssl.SSLContext | None = None,
+    ) -> asyncio.AbstractServer:
+        """Listen and run ``handler`` per connection, its reader decoding Northguard frames.
 
         With ``tls``, every connection is TLS: ``handler`` sees only connections whose
         handshake completed (within ``TLS_HANDSHAKE_TIMEOUT_S``); the others are dropped.
@@ -101,9 +117,15 @@ class Network(abc.ABC):
 
     @abc.abstractmethod
     async def connect(
-        self, host: str, port: int, timeout_s: float, tls: ssl.SSLContext | None = None
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """Open a connection; raise ``ConnectionError`` or ``TimeoutError``.
+        self,
+        host: str,
+        port: int,
+        timeout_s: float,
+        frame_bytes_max: int,
+        tls: ssl.SSLContext | None = None,
+    ) -> tuple[FrameReader, asyncio.StreamWriter]:
+        """Open a connection whose reader decodes Northguard frames; raise ``ConnectionError``
+        or ``TimeoutError``.
 
         With ``tls``, the TLS handshake (server name ``host``) completes within
         ``timeout_s`` too, or ``TlsHandshakeError`` is raised.
@@ -197,26 +219,45 @@ class OsDisk(Disk):
 
 class AsyncioNetwork(Network):
     async def serve(
-        self, host: str, port: int, handler: ConnectionHandler, tls: ssl.SSLContext | None = None
+        self, host: str, port: int, handler: ConnectionHandler
     ) -> asyncio.AbstractServer:
+        return await asyncio.start_server(handler, host, port, limit=READER_LIMIT_BYTES)
+
+    async def serve_frames(
+        self,
+        host: str,
+        port: int,
+        handler: FrameHandler,
+        frame_bytes_max: int,
+        tls: ssl.SSLContext | None = None,
+    ) -> asyncio.AbstractServer:
+        def connection() -> asyncio.StreamReaderProtocol:
+            reader = FrameReader(frame_bytes_max, READER_LIMIT_BYTES)
+            return asyncio.StreamReaderProtocol(reader, handler)  # type: ignore[arg-type]
+
+        loop = asyncio.get_running_loop()
         if tls is None:
-            return await asyncio.start_server(handler, host, port, limit=1 << 20)
-        return await asyncio.start_server(
-            handler,
-            host,
-            port,
-            limit=1 << 20,
-            ssl=tls,
-            ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S,
+            return await loop.create_server(connection, host, port)
+        return await loop.create_server(
+            connection, host, port, ssl=tls, ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S
         )
 
     async def connect(
-        self, host: str, port: int, timeout_s: float, tls: ssl.SSLContext | None = None
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        self,
+        host: str,
+        port: int,
+        timeout_s: float,
+        frame_bytes_max: int,
+        tls: ssl.SSLContext | None = None,
+    ) -> tuple[FrameReader, asyncio.StreamWriter]:
         started_s = time.monotonic()
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, limit=1 << 20), timeout_s
+        loop = asyncio.get_running_loop()
+        reader = FrameReader(frame_bytes_max, READER_LIMIT_BYTES)
+        protocol = asyncio.StreamReaderProtocol(reader)
+        transport, _ = await asyncio.wait_for(
+            loop.create_connection(lambda: protocol, host, port), timeout_s
         )
+        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
         if tls is None:
             return reader, writer
         # Two steps, so a refused TCP connection and a failed handshake stay distinguishable.

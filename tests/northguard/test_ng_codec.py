@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import struct
 
@@ -80,6 +81,28 @@ def test_frames_split_anywhere_reassemble() -> None:
         got = decoder.feed(stream[:cut]) + decoder.feed(stream[cut:])
         assert [f.type for f in got] == [MsgType.APPEND, MsgType.REQUEST, MsgType.READ]
         assert protocol.decode_append(got[0].body)[:2] == (1, 2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    bodies=st.lists(st.binary(max_size=300), min_size=1, max_size=12),
+    cuts=st.lists(st.integers(min_value=0, max_value=4000), max_size=8),
+)
+def test_frames_fed_in_any_pieces_decode_to_the_same_frames(
+    bodies: list[bytes], cuts: list[int]
+) -> None:
+    """Every frame and body exactly once, in order, whatever the reads cut (a header, a body,
+    several frames at once, nothing), and nothing left buffered at the end."""
+    stream = b"".join(protocol.encode_append(i, i, body) for i, body in enumerate(bodies))
+    points = sorted({min(cut, len(stream)) for cut in cuts} | {0, len(stream)})
+    decoder = FrameDecoder()
+    got: list[protocol.Frame] = []
+    for start, end in itertools.pairwise(points):
+        got += decoder.feed(stream[start:end])
+    assert [protocol.decode_append(f.body)[:2] for f in got] == [(i, i) for i in range(len(bodies))]
+    assert [bytes(protocol.decode_append(f.body)[2]) for f in got] == bodies
+    assert all(type(f.body) is bytes for f in got)
+    assert decoder.buffered_bytes == 0
 
 
 def test_an_oversized_frame_is_refused_from_its_prefix_alone() -> None:

@@ -52,6 +52,7 @@ from backends.northguard.broker.replication import ReplicaSession
 from backends.northguard.broker.requests import BROKER_OPS, handle_request, operation_of
 from backends.northguard.client.connection import CLOSE_FLUSH_S, close_writer
 from backends.northguard.credentials import ADMIN, ALL_TOPICS, READ, WRITE, Claims, verify
+from backends.northguard.frame_reader import FrameReader
 from backends.northguard.protocol import MsgType
 from xinfra.errors import (
     Backpressure,
@@ -65,7 +66,6 @@ from xinfra.errors import (
 
 log = logging.getLogger(__name__)
 
-READ_CHUNK_BYTES = 1 << 20
 STREAMS_PER_CONNECTION_MAX = 10_000
 REQUESTS_INFLIGHT_MAX = 64
 WRITE_BUFFER_BYTES_MAX = 8 << 20
@@ -76,9 +76,8 @@ class BrokerConnection:
         self,
         coordinator: Coordinator,
         metrics: BrokerMetrics,
-        reader: asyncio.StreamReader,
+        reader: FrameReader,
         writer: asyncio.StreamWriter,
-        frame_bytes_max: int,
         secret: bytes | None = None,
     ) -> None:
         self._coordinator = coordinator
@@ -87,7 +86,6 @@ class BrokerConnection:
         self._metrics = metrics
         self._reader = reader
         self._writer = writer
-        self._frame_bytes_max = frame_bytes_max
         self._producers: dict[int, ProduceSession] = {}
         self._consumers: dict[int, ConsumeSession] = {}
         self._replicas: dict[int, ReplicaSession] = {}  # replica streams this broker follows
@@ -99,14 +97,13 @@ class BrokerConnection:
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
 
     async def run(self) -> None:
-        decoder = protocol.FrameDecoder(self._frame_bytes_max)
         self._metrics.connections.inc()
         try:
             while True:
-                data = await self._reader.read(READ_CHUNK_BYTES)
-                if not data:
+                frames = await self._reader.frames()
+                if not frames:
                     break
-                for item in decoder.feed(data):
+                for item in frames:
                     self._dispatch(item)
                 self._write_outbox()
                 if self._writer.transport.get_write_buffer_size() > WRITE_BUFFER_BYTES_MAX:

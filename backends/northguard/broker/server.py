@@ -49,6 +49,7 @@ from backends.northguard.broker.placement import BrokerInfo
 from backends.northguard.broker.replication import REPLICA_TIMEOUT_S
 from backends.northguard.broker.store_keeper import StoreKeeper
 from backends.northguard.credentials import SECRET_ENV
+from backends.northguard.frame_reader import FrameReader
 from backends.northguard.protocol import FRAME_BYTES_MAX
 from backends.northguard.runtime import RealRuntime, Runtime
 from backends.northguard.store import FpsStore, MemoryStore, SegmentStore
@@ -226,8 +227,12 @@ class Broker:
         await self.coordinator.start()
         self._keeper_task = asyncio.create_task(self._keeper.run(), name="northguard-store-keeper")
         network = self.runtime.network
-        self._server = await network.serve(
-            self.config.host, self.config.port, self._on_connection, self._tls
+        self._server = await network.serve_frames(
+            self.config.host,
+            self.config.port,
+            self._on_connection,
+            self.config.frame_bytes_max,
+            self._tls,
         )
         self.port = _bound_port(self._server, self.config.port)
         address = self.config.advertised_address or f"{self.config.host}:{self.port}"
@@ -304,9 +309,7 @@ class Broker:
             "store_error": None if failure is None else failure.message,
         }
 
-    async def _on_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    async def _on_connection(self, reader: FrameReader, writer: asyncio.StreamWriter) -> None:
         peername = writer.get_extra_info("peername")
         peer = str(peername[0]) if isinstance(peername, tuple) else str(peername)
         from_peer = self._per_peer.get(peer, 0)
@@ -324,7 +327,6 @@ class Broker:
             self.metrics,
             reader,
             writer,
-            self.config.frame_bytes_max,
             self.config.secret,
         )
         self._connections.add(connection)

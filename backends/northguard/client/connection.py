@@ -65,6 +65,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from backends.northguard import credentials, protocol, tls
+from backends.northguard.frame_reader import FrameReader
 from backends.northguard.protocol import MsgType
 from backends.northguard.runtime import Runtime, TlsHandshakeError
 from xinfra.errors import (
@@ -79,7 +80,6 @@ from xinfra.errors import (
 
 log = logging.getLogger(__name__)
 
-READ_CHUNK_BYTES = 1 << 20
 REQUESTS_INFLIGHT_MAX = 256
 WRITE_BUFFER_BYTES_MAX = 8 << 20
 WRITE_BYTES_MAX = 1 << 20
@@ -135,9 +135,8 @@ class ClientConnection:
     def __init__(
         self,
         address: str,
-        reader: asyncio.StreamReader,
+        reader: FrameReader,
         writer: asyncio.StreamWriter,
-        frame_bytes_max: int,
         credential_source: CredentialSource | None = None,
         encrypted: bool = False,
     ) -> None:
@@ -148,7 +147,6 @@ class ClientConnection:
         self._credential_expires_s = float("inf")
         self._reader = reader
         self._writer = writer
-        self._frame_bytes_max = frame_bytes_max
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._streams: dict[int, StreamHandler] = {}
         self._correlations = itertools.count(1)
@@ -180,16 +178,16 @@ class ClientConnection:
         """
         host, _, port = address.rpartition(":")
         try:
-            reader, writer = await runtime.network.connect(host, int(port), timeout_s, tls_context)
+            reader, writer = await runtime.network.connect(
+                host, int(port), timeout_s, frame_bytes_max, tls_context
+            )
         except TlsHandshakeError as error:
             raise BackendUnavailable(tls.describe_failure(address, error)) from error
         except (OSError, TimeoutError) as error:
             raise BackendUnavailable(
                 f"cannot connect to Northguard broker {address}: {error or type(error).__name__}"
             ) from error
-        connection = cls(
-            address, reader, writer, frame_bytes_max, credential_source, tls_context is not None
-        )
+        connection = cls(address, reader, writer, credential_source, tls_context is not None)
         credential = credential_source() if credential_source is not None else None
         if credential is not None:
             try:
@@ -372,20 +370,17 @@ class ClientConnection:
     # -- reading ---------------------------------------------------------------------------------
 
     async def _read_loop(self) -> None:
-        decoder = protocol.FrameDecoder(self._frame_bytes_max)
         failure: XinfraError
-        answered = False  # any byte from the broker yet: a TLS broker closes plaintext at once
         try:
             while True:
-                data = await self._reader.read(READ_CHUNK_BYTES)
-                if not data:
+                frames = await self._reader.frames()
+                if not frames:
                     failure = BackendUnavailable(
                         f"Northguard broker {self.address} closed the connection"
-                        + self._unanswered_hint(answered)
+                        + self._unanswered_hint()
                     )
                     break
-                answered = True
-                for item in decoder.feed(data):
+                for item in frames:
                     self._dispatch(item)
         except asyncio.CancelledError:
             failure = BackendUnavailable(f"connection to Northguard broker {self.address} closed")
@@ -394,15 +389,15 @@ class ClientConnection:
         except (OSError, asyncio.IncompleteReadError) as error:
             failure = BackendUnavailable(
                 f"connection to Northguard broker {self.address} lost: {error}"
-                + self._unanswered_hint(answered)
+                + self._unanswered_hint()
             )
         except XinfraError as error:  # a connection-level ERROR from the broker
             failure = error
         self._fail(failure)
 
-    def _unanswered_hint(self, answered: bool) -> str:
+    def _unanswered_hint(self) -> str:
         """Why a plaintext connection may end before its first answer: the broker wants TLS."""
-        if answered or self.encrypted:
+        if self._reader.received_any or self.encrypted:
             return ""
         return f" before answering ({tls.PLAINTEXT_HINT})"
 
