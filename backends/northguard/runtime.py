@@ -233,6 +233,7 @@ class AsyncioNetwork(Network):
     ) -> asyncio.AbstractServer:
         def connection() -> asyncio.StreamReaderProtocol:
             reader = FrameReader(frame_bytes_max, READER_LIMIT_BYTES)
+            # The callback is called with the reader made here: a FrameReader, as FrameHandler wants.
             return asyncio.StreamReaderProtocol(reader, handler)  # type: ignore[arg-type]
 
         loop = asyncio.get_running_loop()

@@ -15,11 +15,12 @@ moment, with whatever the turns until then add.  An application that sends
 once per turn to many ranges (each send its own batch: nothing else waits
 for that range) otherwise wrote once per batch; the broker then woke, read
 and answered per batch too.  Measured on ``bench/northguard_scale.py``'s
-512-range workload against an in-memory broker (2 shared cores): 0.5 ms cut
-the producer's CPU by 17% and the broker's by a third, and the rate rose
-from 0.64x to 0.77x of one range's; the p99 of ``bench/northguard.py``'s
-10k records/s run stayed 8.7 ms (its sends are farther apart than the gap,
-so they leave at the end of their turn, as before).
+512-range workload against an in-memory broker (2 shared cores, with the
+broker's writes per turn): 0.5 ms cut the producer's CPU per run by 8-17%
+and the broker's by 20-28%, and the rate rose from 0.61-0.64x to
+0.77-0.79x of one range's; the p99 of ``bench/northguard.py``'s 10k
+records/s run stayed 8.7 ms (its sends are farther apart than the gap, so
+they leave at the end of their turn, as before).
 
 **Writes are bounded** (``WRITE_BYTES_MAX``): the transport is handed at most
 that much at once, and only while what it holds is below it; the rest stays
