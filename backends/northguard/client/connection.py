@@ -156,6 +156,7 @@ class ClientConnection:
         self._outbox: deque[bytes] = deque()  # frames not yet handed to the transport, in order
         self._outbox_bytes = 0
         self._write_due: asyncio.Handle | None = None  # writes the outbox: end of turn, or gap
+        self._write_waits = False  # ``_write_due`` is the gap's timer (uvloop's is no TimerHandle)
         self._last_write_s = float("-inf")  # the loop's clock at the last write
         self._writing: asyncio.Task[None] | None = None  # waits for the transport to drain
         self._loop = asyncio.get_running_loop()
@@ -297,12 +298,14 @@ class ClientConnection:
         due = self._write_due
         if due is None:
             delay_s = self._last_write_s + WRITE_GAP_S - self._loop.time()
-            if delay_s > 0:
+            self._write_waits = delay_s > 0
+            if self._write_waits:
                 self._write_due = self._loop.call_later(delay_s, self._on_write_due)
             else:
                 self._write_due = self._loop.call_soon(self._on_write_due)
-        elif self._outbox_bytes >= WRITE_BYTES_MAX and isinstance(due, asyncio.TimerHandle):
+        elif self._write_waits and self._outbox_bytes >= WRITE_BYTES_MAX:
             due.cancel()
+            self._write_waits = False
             self._write_due = self._loop.call_soon(self._on_write_due)
 
     def _on_write_due(self) -> None:
