@@ -549,7 +549,10 @@ class Coordinator:
                     pending.op["seq"] = seq
                     accepted.append(pending)
                     keys = self._touches(pending.op)
-                    touched = None if touched is None or keys is None else touched | keys
+                    if keys is None:
+                        touched = None
+                    elif touched is not None:
+                        touched |= keys  # in place: a new set per op made a batch O(n^2)
                 if not accepted:
                     continue
                 try:

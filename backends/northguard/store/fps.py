@@ -570,6 +570,10 @@ class FpsStore(SegmentStore):
         """
         self._check_writable()
         async with self._checkpoint_lock:
+            # What is acknowledged now goes to its files beside the flushes (a second of appends
+            # to thousands of new segments takes seconds: under _lock every ack waited for it);
+            # _checkpoint_begin writes, under _lock, only what the flushes added meanwhile.
+            await self._write_pending()
             async with self._lock:
                 self._check_writable()
                 taken = await self._checkpoint_begin()

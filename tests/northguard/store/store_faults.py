@@ -4,7 +4,7 @@
 when told to, raises from ``fsync``/``pwrite``/``truncate`` of chosen files,
 holds their ``fsync`` as a hung device would (``stall_fsync``), refuses
 O_DIRECT, or grants it and then rejects direct writes with ``EINVAL``.
-``holds`` stop the next ``fsync`` or ``rename`` of a chosen file at a point a
+``holds`` stop the next ``fsync``, ``pwrite`` or ``rename`` of a chosen file at a point a
 test names, so two threads' calls interleave in an order it sets (no sleeps).
 Nothing is mocked: every byte goes to a real file.
 """
@@ -60,7 +60,10 @@ class FaultyFile(File):
             raise OSError(errno.EINVAL, f"injected: O_DIRECT write of {len(view)} bytes rejected")
         if self._injected("pwrite"):
             raise OSError(errno.EIO, f"injected pwrite error on {self.path.name}")
+        hold = self.disk.held("pwrite", self.path)
         self.inner.pwrite(data, offset)
+        if hold is not None:
+            hold.done.set()
 
     def pread(self, size: int, offset: int) -> bytes:
         return self.inner.pread(size, offset)
