@@ -39,8 +39,9 @@ class FrameReader(asyncio.StreamReader):
         self._decoder = FrameDecoder(frame_bytes_max)
         self._ready: list[Frame] = []
         self._ready_bytes = 0
+        # Apart from the base's exception(): a malformed frame fails frames(), not the writer's
+        # drain() (which raises the reader's exception), the connection's loss fails both.
         self._failure: BaseException | None = None
-        self._ended = False
         self._frames_waiter: asyncio.Future[None] | None = None
         self._frames_transport: asyncio.BaseTransport | None = None
         self._reading_paused = False
@@ -82,7 +83,6 @@ class FrameReader(asyncio.StreamReader):
 
     def feed_eof(self) -> None:
         super().feed_eof()
-        self._ended = True
         self._wake()
 
     def set_exception(self, exc: Exception) -> None:
@@ -105,7 +105,7 @@ class FrameReader(asyncio.StreamReader):
         while not self._ready:
             if self._failure is not None:
                 raise self._failure
-            if self._ended:
+            if self.at_eof():  # the base's buffer stays empty: what is fed goes to the decoder
                 return []
             assert self._frames_waiter is None, "frames() is awaited by one task at a time"
             self._frames_waiter = asyncio.get_running_loop().create_future()

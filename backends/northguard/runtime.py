@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import os
 import random
 import ssl
@@ -36,6 +37,9 @@ READER_LIMIT_BYTES = 1 << 20
 
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 """A server drops a connection whose TLS handshake has not completed in this time."""
+CLOSE_FLUSH_S = 2.0
+"""How long a closing connection lets its transport hand the peer what it still holds before it
+aborts the transport (``close_writer``)."""
 
 
 class TlsHandshakeError(ConnectionError):
@@ -215,6 +219,27 @@ class OsDisk(Disk):
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+async def close_writer(writer: asyncio.StreamWriter, flush_s: float = CLOSE_FLUSH_S) -> None:
+    """Close ``writer``'s transport: its queued bytes get ``flush_s`` to leave, then it is aborted.
+
+    A transport closed with bytes the socket has not taken keeps the socket open (and stops
+    reading it) until the peer reads them; a peer that stopped reading never does, so neither
+    ``wait_closed`` nor the socket would ever end.  Returns once the transport reports itself
+    closed (bounded: ``flush_s`` twice at most, the second after the abort).
+    """
+    with contextlib.suppress(Exception):
+        writer.close()
+    closed = asyncio.ensure_future(writer.wait_closed())
+    done, _ = await asyncio.wait({closed}, timeout=flush_s)
+    if not done:
+        writer.transport.abort()
+        done, _ = await asyncio.wait({closed}, timeout=flush_s)
+    if not done:
+        closed.cancel()
+    elif not closed.cancelled():
+        closed.exception()  # retrieved: a reset peer is what closing it expects
 
 
 class AsyncioNetwork(Network):

@@ -21,9 +21,9 @@ from pathlib import Path
 from ng_harness import backend_for, in_process_broker, wait_for
 
 from backends.northguard import protocol
-from backends.northguard.client.connection import CLOSE_FLUSH_S, ClientConnection
+from backends.northguard.client.connection import ClientConnection
 from backends.northguard.protocol import MsgType
-from backends.northguard.runtime import RealRuntime
+from backends.northguard.runtime import CLOSE_FLUSH_S, RealRuntime
 from xinfra.backend import ProducerOptions
 from xinfra.keyspace import shard_ranges
 from xinfra.model import Record

@@ -50,10 +50,10 @@ from backends.northguard.broker.produce_session import PRODUCE_WINDOW_BYTES_MAX,
 from backends.northguard.broker.range_log import RangeLog
 from backends.northguard.broker.replication import ReplicaSession
 from backends.northguard.broker.requests import BROKER_OPS, handle_request, operation_of
-from backends.northguard.client.connection import CLOSE_FLUSH_S, close_writer
 from backends.northguard.credentials import ADMIN, ALL_TOPICS, READ, WRITE, Claims, verify
 from backends.northguard.frame_reader import FrameReader
 from backends.northguard.protocol import MsgType
+from backends.northguard.runtime import CLOSE_FLUSH_S, close_writer
 from xinfra.errors import (
     Backpressure,
     InvalidRequest,

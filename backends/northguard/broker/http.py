@@ -14,7 +14,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from backends.northguard.client.connection import close_writer
+from backends.northguard.runtime import close_writer
 
 REQUEST_BYTES_MAX = 8192
 REQUEST_TIMEOUT_S = 5.0

@@ -68,7 +68,7 @@ from typing import Any, Protocol
 from backends.northguard import credentials, protocol, tls
 from backends.northguard.frame_reader import FrameReader
 from backends.northguard.protocol import MsgType
-from backends.northguard.runtime import Runtime, TlsHandshakeError
+from backends.northguard.runtime import Runtime, TlsHandshakeError, close_writer
 from xinfra.errors import (
     BackendTimeout,
     BackendUnavailable,
@@ -89,36 +89,12 @@ the outbox (as frames, not copied) until the transport drains below a quarter of
 WRITE_GAP_S = 0.0005
 """The least time between two writes of a connection (frames wait at most this long, and only
 behind a write that left less than this before them)."""
-CLOSE_FLUSH_S = 2.0
-"""How long a closing connection lets its transport hand the peer what it still holds before it
-aborts the transport (``close_writer``)."""
 _STREAM_ID = struct.Struct("<I")
 REFRESH_AHEAD_S = 60.0
 """Re-authenticate this long before the connection's credential expires."""
 
 CredentialSource = Callable[[], str | None]
 """The freshest credential for a cluster (None: the broker is open), asked at every (re)connect."""
-
-
-async def close_writer(writer: asyncio.StreamWriter, flush_s: float = CLOSE_FLUSH_S) -> None:
-    """Close ``writer``'s transport: its queued bytes get ``flush_s`` to leave, then it is aborted.
-
-    A transport closed with bytes the socket has not taken keeps the socket open (and stops
-    reading it) until the peer reads them; a peer that stopped reading never does, so neither
-    ``wait_closed`` nor the socket would ever end.  Returns once the transport reports itself
-    closed (bounded: ``flush_s`` twice at most, the second after the abort).
-    """
-    with contextlib.suppress(Exception):
-        writer.close()
-    closed = asyncio.ensure_future(writer.wait_closed())
-    done, _ = await asyncio.wait({closed}, timeout=flush_s)
-    if not done:
-        writer.transport.abort()
-        done, _ = await asyncio.wait({closed}, timeout=flush_s)
-    if not done:
-        closed.cancel()
-    elif not closed.cancelled():
-        closed.exception()  # retrieved: a reset peer is what closing it expects
 
 
 class StreamHandler(Protocol):
