@@ -116,8 +116,9 @@ class ConsumeSession:
                     batch_bytes += len(entry.batch)
                 self._pushed += batch_bytes
                 self.offset = entries[-1].end_offset
-                self._metrics.pushes.inc()
-                self._metrics.push_bytes.inc(batch_bytes)
+                counts = self._metrics.counts
+                counts.pushes += 1
+                counts.push_bytes += batch_bytes
                 await self._send(protocol.encode_push(self.stream_id, pushed))
         except XinfraError as error:
             self._on_error(self.stream_id, error)

@@ -17,19 +17,37 @@ from prometheus_client.registry import Collector
 from backends.northguard.store.fps import FLUSH_SECONDS_BUCKETS
 
 
+class DataPathCounts:
+    """The counters the data path bumps once per Append, Ack, write or Push: plain integers,
+    read at scrape time.  A ``prometheus_client.Counter`` takes a lock per ``inc``: four per
+    Append were an eighth of the broker's CPU per Append with 512 ranges written at once."""
+
+    __slots__ = (
+        "acks",
+        "append_bytes",
+        "append_records",
+        "appends",
+        "push_bytes",
+        "pushes",
+        "writes",
+    )
+
+    def __init__(self) -> None:
+        self.appends = 0
+        self.append_bytes = 0
+        self.append_records = 0
+        self.acks = 0
+        self.writes = 0
+        self.pushes = 0
+        self.push_bytes = 0
+
+
 class BrokerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.appends = Counter("northguard_appends", "Appends received", registry=r)
-        self.append_bytes = Counter("northguard_append_bytes", "Batch bytes appended", registry=r)
-        self.append_records = Counter("northguard_append_records", "Records appended", registry=r)
-        self.acks = Counter("northguard_acks", "Ack frames sent", registry=r)
-        self.writes = Counter(
-            "northguard_writes", "Socket writes to clients (a turn's frames go in one)", registry=r
-        )
-        self.pushes = Counter("northguard_pushes", "Push frames sent", registry=r)
-        self.push_bytes = Counter("northguard_push_bytes", "Batch bytes pushed", registry=r)
+        self.counts = DataPathCounts()
+        r.register(_DataPathCollector(self.counts))
         self.requests = Counter("northguard_requests", "Unary requests", ["op"], registry=r)
         self.errors = Counter("northguard_errors", "Errors sent to clients", ["code"], registry=r)
         self.connections_refused = Counter(
@@ -53,6 +71,24 @@ class BrokerMetrics:
     def watch_coordinator(self, coordinator: Any) -> None:
         """Export the metadata journal's group commits and the snapshots' size and build time."""
         self.registry.register(_CoordinatorCollector(coordinator))
+
+
+class _DataPathCollector(Collector):
+    def __init__(self, counts: DataPathCounts) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        c = self._counts
+        for name, help_text, value in (
+            ("northguard_appends", "Appends received", c.appends),
+            ("northguard_append_bytes", "Batch bytes appended", c.append_bytes),
+            ("northguard_append_records", "Records appended", c.append_records),
+            ("northguard_acks", "Ack frames sent", c.acks),
+            ("northguard_writes", "Socket writes to clients (a turn's frames go in one)", c.writes),
+            ("northguard_pushes", "Push frames sent", c.pushes),
+            ("northguard_push_bytes", "Batch bytes pushed", c.push_bytes),
+        ):
+            yield CounterMetricFamily(name, help_text, value=value)
 
 
 class _StoreCollector(Collector):

@@ -57,7 +57,7 @@ class ProduceSession:
         self.window_bytes = window_bytes
         self._send = send
         self._on_error = on_error
-        self._metrics = metrics
+        self._counts = metrics.counts
         self._pending: deque[tuple[int, asyncio.Future[int], int]] = deque()
         self._inflight_bytes = 0
         self._closed = False
@@ -73,14 +73,14 @@ class ProduceSession:
                 f"append of {size} bytes exceeds the window of {self.window_bytes} bytes "
                 f"({unacked} unacknowledged)"
             )
-        check_batch(batch)
+        count = check_batch(batch)[0]
         if self._held or not self.range_log.producers_loaded.done():
             if not self._held:
                 self.range_log.producers_loaded.add_done_callback(self._admit_held)
             self._held.append((seq, bytes(batch)))
             self._held_bytes += size
             return
-        self._admit(seq, batch)
+        self._admit(seq, batch, count)
 
     def _admit_held(self, _: asyncio.Future[None]) -> None:
         """The producer table is loaded: admit the held Appends in order (a refusal fails the stream)."""
@@ -88,16 +88,16 @@ class ProduceSession:
             seq, batch = self._held.popleft()
             self._held_bytes -= len(batch)
             try:
-                self._admit(seq, memoryview(batch))
+                self._admit(seq, memoryview(batch), batch_count(batch))
             except XinfraError as error:
                 self.close()
                 self._on_error(self.stream_id, error)
                 return
 
-    def _admit(self, seq: int, batch: memoryview) -> None:
-        """Decide whether a checked batch is new or a resend, and append or answer it."""
+    def _admit(self, seq: int, batch: memoryview, count: int) -> None:
+        """Decide whether a checked batch of ``count`` records is new or a resend, and append or
+        answer it."""
         size = len(batch)
-        count = batch_count(batch)
         producer_id, epoch, batch_seq = batch_producer(batch)
         if producer_id == NO_PRODUCER:
             producer_id, epoch, batch_seq = self.producer_id, 0, seq
@@ -118,10 +118,10 @@ class ProduceSession:
         if future is None or (future.done() and future.exception() is not None):
             future = self.range_log.append(bytes(batch), count)
             state.remember(seq, future)
-            metrics = self._metrics
-            metrics.appends.inc()
-            metrics.append_bytes.inc(size)
-            metrics.append_records.inc(count)
+            counts = self._counts
+            counts.appends += 1
+            counts.append_bytes += size
+            counts.append_records += count
         self._inflight_bytes += size
         self._pending.append((seq, future, size))
         future.add_done_callback(self._on_done)
@@ -152,7 +152,7 @@ class ProduceSession:
                 first_seq, offsets = seq + 1, []
         if offsets:
             self._send(protocol.encode_ack(self.stream_id, first_seq, offsets, self.window_bytes))
-            self._metrics.acks.inc()
+            self._counts.acks += 1
         if failure is not None:
             error = failure if isinstance(failure, XinfraError) else XinfraError(repr(failure))
             self.close()

@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
@@ -96,6 +97,7 @@ from xinfra.errors import (
 )
 
 log = logging.getLogger(__name__)
+_SEALED = State.SEALED  # the enum attribute costs a lookup per append
 _limited = LogLimiter(log, interval_s=10.0)
 """A failed disk fails every range's appends and rolls: one line per kind per 10 s, not per range."""
 
@@ -218,7 +220,7 @@ class RangeLog:
     def append(self, batch: bytes, count: int) -> asyncio.Future[int]:
         """Queue a checked batch; the future resolves to its base offset once committed."""
         future: asyncio.Future[int] = self._loop.create_future()
-        if self.meta.state is State.SEALED or self.closing:
+        if self.meta.state is _SEALED or self.closing:
             future.set_exception(Sealed(f"range {self.meta.range_id} is sealed"))
         elif self.led_by is not None:
             future.set_exception(self.not_leader())
@@ -255,7 +257,7 @@ class RangeLog:
         self._storing += 1
         self._idle.clear()
         stored = self._store.submit(self.active, item.base_offset, count, batch)
-        stored.add_done_callback(lambda done: self._stored(item, done))
+        stored.add_done_callback(functools.partial(self._stored, item))
         if self.replicator is not None:
             self.replicator.send(item.base_offset, count, batch, self.committed)
 

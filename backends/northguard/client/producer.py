@@ -244,10 +244,15 @@ class NorthguardProducer(ShardProducer):
             if self._linger_s <= 0:
                 self._seal(state)
             elif not state.unacked and not state.queue:  # the pipe is idle: go this turn
-                state.timer = self._loop.call_soon(self._seal, state)
+                state.timer = self._loop.call_soon(self._seal_due, state)
             else:
-                state.timer = self._loop.call_later(self._linger_s, self._seal, state)
+                state.timer = self._loop.call_later(self._linger_s, self._seal_due, state)
         return future
+
+    def _seal_due(self, state: _Shard) -> None:
+        """The shard's timer fired (linger, or end of turn): nothing left to cancel."""
+        state.timer = None
+        self._seal(state)
 
     def _seal(self, state: _Shard) -> None:
         """Encode the shard's accumulated records as one batch and queue it."""
@@ -275,7 +280,8 @@ class NorthguardProducer(ShardProducer):
         state.pending_bytes = 0
         batch.seq = seq
         state.queue.append(batch)
-        self._arm_deadline(state)
+        if state.deadline_timer is None:
+            self._arm_deadline(state)
         self._pump(state)
 
     def _take_seq(self, range_id: int) -> int:
@@ -465,9 +471,7 @@ class NorthguardProducer(ShardProducer):
             batch = unacked.popleft()
             index = base_offset
             for call, start, count in batch.parts:
-                offsets_of_call = call.offsets
-                for i in range(count):
-                    offsets_of_call[start + i] = index + i
+                call.offsets[start : start + count] = range(index, index + count)
                 index += count
                 call.batches_left -= 1
                 if call.batches_left == 0:
