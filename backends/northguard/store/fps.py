@@ -319,7 +319,7 @@ class _Append:
     future: asyncio.Future[Entry]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Segment:
     meta: SegmentMeta
     file: SegmentFile
@@ -335,7 +335,7 @@ class _Segment:
     closing: str | None = None  # "sealed" or "deleted" in progress: refuse new appends
     broken: str | None = None  # a write failed for want of a descriptor: refuse appends, seal it
     reads_inflight: int = 0  # disk reads running in worker threads
-    reads_idle: asyncio.Event = field(default_factory=asyncio.Event)
+    reads_idle: asyncio.Event | None = None  # set when reads_inflight drops to 0 (made by a read)
 
     def __post_init__(self) -> None:
         if self.written_offset < 0:
@@ -623,7 +623,7 @@ class FpsStore(SegmentStore):
     async def _reads_idle(self) -> None:
         """Every reader thread has ended (no read starts once the store is not open)."""
         for segment in list(self._segments.values()):
-            if segment.reads_inflight:
+            if segment.reads_inflight and segment.reads_idle is not None:
                 await segment.reads_idle.wait()
 
     async def _checkpoint_quietly(self) -> None:
@@ -720,7 +720,7 @@ class FpsStore(SegmentStore):
             self._unwritten_bytes = 0
             self._released = True  # reads fail from here until recovery succeeds
             for segment in self._segments.values():
-                if segment.reads_inflight:  # never close a file under a reader thread
+                if segment.reads_inflight and segment.reads_idle is not None:  # a reader thread
                     await segment.reads_idle.wait()
             await self._runtime.run_blocking(self._close_files)
             self._segments = {}
@@ -1036,7 +1036,7 @@ class FpsStore(SegmentStore):
             raise Conflict(f"segment {segment_id!r} is being deleted; retry")
         segment.closing = "deleted"
         await self._drain()
-        if segment.reads_inflight:  # never close a file under a reader thread
+        if segment.reads_inflight and segment.reads_idle is not None:  # a reader thread runs
             await segment.reads_idle.wait()
         async with self._checkpoint_lock, self._lock:
             self._check_writable()
@@ -1641,6 +1641,8 @@ class FpsStore(SegmentStore):
         self._check_readable()  # then counted: close, crash and reopen wait for it to end
         end_position = segment.end_position
         segment.reads_inflight += 1
+        if segment.reads_idle is None:  # most segments are never read: a restart makes none
+            segment.reads_idle = asyncio.Event()
         segment.reads_idle.clear()
         try:
             return await self._runtime.run_blocking(
@@ -1657,7 +1659,7 @@ class FpsStore(SegmentStore):
         finally:
             segment.reads_inflight -= 1
             if segment.reads_inflight == 0:
-                segment.reads_idle.set()
+                segment.reads_idle.set()  # made by this read
 
     def _check_readable(self) -> None:
         if self._released:
