@@ -54,7 +54,8 @@ import functools
 import logging
 import ssl
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
 
 from backends.northguard.batch import encode_batch, restamp_batch
 from backends.northguard.client.admin import TopicView
@@ -184,6 +185,8 @@ class NorthguardProducer(ShardProducer):
         self._outstanding: set[asyncio.Future[list[int]]] = set()
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._first_opens: dict[str, list[_Shard]] = {}  # by address: shards awaiting its connect
+        self._first_open_tasks: dict[str, asyncio.Task[None]] = {}
 
     # -- send ------------------------------------------------------------------------------------
 
@@ -280,9 +283,9 @@ class NorthguardProducer(ShardProducer):
         state.pending_bytes = 0
         batch.seq = seq
         state.queue.append(batch)
-        if state.deadline_timer is None:
-            self._arm_deadline(state)
         self._pump(state)
+        if state.deadline_timer is None:  # after the pump: armed once, for its stall if sent
+            self._arm_deadline(state)
 
     def _take_seq(self, range_id: int) -> int:
         seq = self._seqs.get(range_id, 0)
@@ -319,16 +322,64 @@ class NorthguardProducer(ShardProducer):
     def _reopen(self, state: _Shard) -> None:
         if state.reopening is None and not self._closed_for_good(state):
             if not state.failures and not state.stale:  # a first open: no backoff, no refresh
-                connection = self._connections.get(state.leader or self._address)
+                address = state.leader or self._address
+                connection = self._connections.get(address)
                 if connection is not None and not connection.closed:
                     # At once on the open connection: 4,096 new ranges made a task each.
                     with contextlib.suppress(XinfraError):  # else the task below tries again
                         self._start_stream(state, connection)
                         return
-            task = self._loop.create_task(self._open_stream(state))
-            state.reopening = task
+                else:  # behind the connection's open, with every other shard's first stream
+                    self._open_when_connected(address, state)
+                    return
+            self._spawn_reopen(state, self._open_stream(state))
+
+    def _spawn_reopen(self, state: _Shard, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = self._loop.create_task(coroutine)
+        state.reopening = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _open_when_connected(self, address: str, state: _Shard) -> None:
+        """One task per address opens the first streams of every shard that waits for its
+        connection (a task per shard, each waking on the connect, cost 4,096 of each)."""
+        waiting = self._first_opens.get(address)
+        if waiting is None:
+            waiting = self._first_opens[address] = []
+            task = self._loop.create_task(self._first_streams(address))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            self._first_open_tasks[address] = task
+        waiting.append(state)
+        state.reopening = self._first_open_tasks[address]
+
+    async def _first_streams(self, address: str) -> None:
+        error: XinfraError | None = None
+        try:
+            connection = await self._connect(address)
+        except XinfraError as failure:
+            error = failure
+        finally:
+            waiting = self._first_opens.pop(address, [])
+            self._first_open_tasks.pop(address, None)
+            for state in waiting:
+                state.reopening = None
+        for state in waiting:
+            if self._closed_for_good(state) or state.stream is not None:
+                continue
+            if error is None:
+                try:
+                    self._start_stream(state, connection)
+                    continue
+                except XinfraError as failure:
+                    error = failure
+            if not error.retriable:
+                self._fail_shard(state, error)
+                continue
+            state.last_error = error
+            state.stale = True
+            state.failures += 1
+            self._reopen(state)  # its own task now, with backoff and a metadata refresh
 
     def _closed_for_good(self, state: _Shard) -> bool:
         return not state.queue and not state.unacked
