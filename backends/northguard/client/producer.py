@@ -433,14 +433,16 @@ class NorthguardProducer(ShardProducer):
 
     def _arm_deadline(self, state: _Shard) -> None:
         """Wake up at the oldest unacknowledged batch's deadline, or sooner to look for a stalled
-        stream (one timer per shard)."""
+        stream (one timer per shard).  With nothing sent yet (its stream still opening), the
+        stall wake counts from now: the send that follows then finds its stall covered and
+        makes no second timer (a wake with nothing due re-arms)."""
         if state.deadline_timer is not None or self._closed_for_good(state):
             return
+        now_s = self._runtime.monotonic_s()
         oldest = state.unacked[0] if state.unacked else state.queue[0]
-        wake_s = oldest.deadline
-        if state.unacked:
-            wake_s = min(wake_s, state.progress_s + self._stall_s)
-        delay_s = max(0.0, wake_s - self._runtime.monotonic_s())
+        since_s = state.progress_s if state.unacked else now_s
+        wake_s = min(oldest.deadline, since_s + self._stall_s)
+        delay_s = max(0.0, wake_s - now_s)
         state.deadline_wake_s = wake_s
         state.deadline_timer = self._runtime.call_later(
             delay_s, functools.partial(self._on_deadline, state)
