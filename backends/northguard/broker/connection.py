@@ -127,8 +127,8 @@ class BrokerConnection:
             producer.close()
         for consumer in list(self._consumers.values()):
             await consumer.close()
-        self._metrics.streams.labels("produce").dec(len(self._producers))
-        self._metrics.streams.labels("consume").dec(len(self._consumers))
+        self._metrics.produce_streams.dec(len(self._producers))
+        self._metrics.consume_streams.dec(len(self._consumers))
         self._producers.clear()
         self._consumers.clear()
         for session in self._replicas.values():
@@ -189,9 +189,9 @@ class BrokerConnection:
         self._metrics.errors.labels(error.code).inc()
         if (producer := self._producers.pop(stream_id, None)) is not None:
             producer.close()
-            self._metrics.streams.labels("produce").dec()
+            self._metrics.produce_streams.dec()
         if (consumer := self._consumers.pop(stream_id, None)) is not None:
-            self._metrics.streams.labels("consume").dec()
+            self._metrics.consume_streams.dec()
             consumer.stop()  # now: the spawned close may be cancelled unrun
             self._spawn(consumer.close())
         if (replica := self._replicas.pop(stream_id, None)) is not None:
@@ -263,9 +263,9 @@ class BrokerConnection:
             stream_id = protocol.decode_stream_close(item.body)
             if (producer := self._producers.pop(stream_id, None)) is not None:
                 producer.close()
-                self._metrics.streams.labels("produce").dec()
+                self._metrics.produce_streams.dec()
             if (consumer := self._consumers.pop(stream_id, None)) is not None:
-                self._metrics.streams.labels("consume").dec()
+                self._metrics.consume_streams.dec()
                 consumer.stop()  # now: the spawned close may be cancelled unrun
                 self._spawn(consumer.close())
             self._replicas.pop(stream_id, None)  # the session stays for the fence
@@ -363,7 +363,7 @@ class BrokerConnection:
             self._stream_error,
             self._metrics,
         )
-        self._metrics.streams.labels("produce").inc()
+        self._metrics.produce_streams.inc()
         self._write(
             protocol.encode_json(
                 MsgType.PRODUCE_OPENED,
@@ -418,7 +418,7 @@ class BrokerConnection:
             self._metrics,
         )
         self._consumers[stream_id] = consumer
-        self._metrics.streams.labels("consume").inc()
+        self._metrics.consume_streams.inc()
         self._write(
             protocol.encode_json(
                 MsgType.CONSUME_OPENED,

@@ -57,6 +57,8 @@ class BrokerMetrics:
         )
         self.connections = Gauge("northguard_connections", "Open client connections", registry=r)
         self.streams = Gauge("northguard_streams", "Open streams", ["kind"], registry=r)
+        self.produce_streams = self.streams.labels("produce")  # a labels() call per open cost
+        self.consume_streams = self.streams.labels("consume")  # more than the rest of the open
         self.topics = Gauge("northguard_topics", "Topics", registry=r)
 
     def watch_store(self, store: Any) -> None:
