@@ -54,8 +54,7 @@ import functools
 import logging
 import ssl
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
 
 from backends.northguard.batch import encode_batch, restamp_batch
 from backends.northguard.client.admin import TopicView
@@ -185,8 +184,8 @@ class NorthguardProducer(ShardProducer):
         self._outstanding: set[asyncio.Future[list[int]]] = set()
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()
-        self._first_opens: dict[str, list[_Shard]] = {}  # by address: shards awaiting its connect
-        self._first_open_tasks: dict[str, asyncio.Task[None]] = {}
+        # By address: the task that opens, once connected, the streams of the shards listed.
+        self._first_opens: dict[str, tuple[asyncio.Task[None], list[_Shard]]] = {}
 
     # -- send ------------------------------------------------------------------------------------
 
@@ -332,26 +331,22 @@ class NorthguardProducer(ShardProducer):
                 else:  # behind the connection's open, with every other shard's first stream
                     self._open_when_connected(address, state)
                     return
-            self._spawn_reopen(state, self._open_stream(state))
-
-    def _spawn_reopen(self, state: _Shard, coroutine: Coroutine[Any, Any, None]) -> None:
-        task = self._loop.create_task(coroutine)
-        state.reopening = task
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+            task = self._loop.create_task(self._open_stream(state))
+            state.reopening = task
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def _open_when_connected(self, address: str, state: _Shard) -> None:
         """One task per address opens the first streams of every shard that waits for its
         connection (a task per shard, each waking on the connect, cost 4,096 of each)."""
-        waiting = self._first_opens.get(address)
-        if waiting is None:
-            waiting = self._first_opens[address] = []
+        first = self._first_opens.get(address)
+        if first is None:
             task = self._loop.create_task(self._first_streams(address))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-            self._first_open_tasks[address] = task
-        waiting.append(state)
-        state.reopening = self._first_open_tasks[address]
+            first = self._first_opens[address] = (task, [])
+        first[1].append(state)
+        state.reopening = first[0]
 
     async def _first_streams(self, address: str) -> None:
         error: XinfraError | None = None
@@ -360,8 +355,7 @@ class NorthguardProducer(ShardProducer):
         except XinfraError as failure:
             error = failure
         finally:
-            waiting = self._first_opens.pop(address, [])
-            self._first_open_tasks.pop(address, None)
+            _, waiting = self._first_opens.pop(address)
             for state in waiting:
                 state.reopening = None
         for state in waiting:
