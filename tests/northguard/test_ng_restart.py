@@ -141,3 +141,32 @@ async def test_a_seal_cut_by_a_crash_is_recorded_at_restart_and_the_range_moves_
         assert [e.end_offset for e in entries] == [1, 2]
     finally:
         await broker.stop()
+
+
+async def test_a_segment_no_metadata_names_is_deleted_at_restart_and_the_others_kept(
+    tmp_path: Path,
+) -> None:
+    """In the store, unknown to the journal (a create cut by a crash before its op was
+    recorded): the restart deletes it and keeps every segment the metadata names."""
+    broker = await in_process_broker(tmp_path / "data")
+    try:
+        await broker.coordinator.create_topic("kept", shard_ranges(2), {})
+        for rid in broker.coordinator.topic("kept").ranges:
+            await broker.coordinator.range_log("kept", rid).append(
+                encode_batch([Record(value=b"a")], 0), 1
+            )
+        await broker.store.create_segment("orphan-1", 0)
+        await broker.store.append("orphan-1", 0, 1, encode_batch([Record(value=b"x")], 0))
+        named = set(broker.coordinator.state.segments)
+    finally:
+        await broker.stop()
+    broker = await in_process_broker(tmp_path / "data")
+    try:
+        held = {info.segment_id for info in broker.store.segments()}
+        assert "orphan-1" not in held
+        assert held == named
+        for rid in broker.coordinator.topic("kept").ranges:
+            entries = await broker.coordinator.range_log("kept", rid).read(0, 1 << 20)
+            assert [e.end_offset for e in entries] == [1]
+    finally:
+        await broker.stop()
