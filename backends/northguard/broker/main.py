@@ -23,6 +23,8 @@ MALLOC_KEEP_BYTES = 512 << 20
 """Free memory glibc's malloc keeps at the top of its heap instead of giving it back."""
 MALLOC_MMAP_BYTES = 32 << 20
 """Allocations from this size up are mapped on their own (glibc's largest threshold)."""
+MALLOC_TOP_PAD_BYTES = 16 << 20
+"""Extra memory asked of the kernel each time the heap grows (fewer, larger growths)."""
 
 
 def run_broker(config: BrokerConfig, log_level: str = "INFO") -> None:
@@ -58,7 +60,7 @@ def keep_freed_memory() -> None:
         return
     mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_BYTES)
     mallopt(_M_TRIM_THRESHOLD, MALLOC_KEEP_BYTES)
-    mallopt(_M_TOP_PAD, 16 << 20)
+    mallopt(_M_TOP_PAD, MALLOC_TOP_PAD_BYTES)
 
 
 async def _serve(config: BrokerConfig) -> None:

@@ -403,12 +403,12 @@ class ClientConnection:
             if handler is not None:
                 handler.on_frame(kind, body)
         elif kind is MsgType.RESPONSE:
-            correlation, payload = protocol.decode_json(item.body)
+            correlation, payload = protocol.decode_json(body)
             future = self._pending.get(correlation)
             if future is not None and not future.done():
                 future.set_result(payload)
         elif kind is MsgType.ERROR:
-            _, payload = protocol.decode_json(item.body)
+            _, payload = protocol.decode_json(body)
             raise error_of(payload)
         else:
             raise ProtocolError(f"a broker does not send {kind.name} messages")

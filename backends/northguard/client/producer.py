@@ -367,13 +367,19 @@ class NorthguardProducer(ShardProducer):
                     continue
                 except XinfraError as failure:
                     error = failure
-            if not error.retriable:
-                self._fail_shard(state, error)
-                continue
-            state.last_error = error
-            state.stale = True
-            state.failures += 1
-            self._reopen(state)  # its own task now, with backoff and a metadata refresh
+            if self._open_failed(state, error):
+                self._reopen(state)  # its own task now, with backoff and a metadata refresh
+
+    def _open_failed(self, state: _Shard, error: XinfraError) -> bool:
+        """A stream could not be opened: whether to try again (after a backoff, on the leader
+        the refreshed metadata names), or the shard failed for good (non-retriable)."""
+        if not error.retriable:
+            self._fail_shard(state, error)
+            return False
+        state.last_error = error
+        state.stale = True
+        state.failures += 1
+        return True
 
     def _closed_for_good(self, state: _Shard) -> bool:
         return not state.queue and not state.unacked
@@ -394,12 +400,8 @@ class NorthguardProducer(ShardProducer):
                     self._start_stream(state, connection)
                     return
                 except XinfraError as error:
-                    if not error.retriable:
-                        self._fail_shard(state, error)
+                    if not self._open_failed(state, error):
                         return
-                    state.last_error = error
-                    state.stale = True
-                state.failures += 1
         finally:
             if state.reopening is asyncio.current_task():
                 state.reopening = None

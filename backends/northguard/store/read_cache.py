@@ -49,26 +49,24 @@ class ReadCache:
 
     def add(self, segment_id: str, entry: Entry) -> None:
         """Append a durable entry; it must follow the segment's cached window (or start a new one)."""
-        cost = len(entry.batch) + ENTRY_OVERHEAD_BYTES
+        cost = self._cost(entry)
         if cost > self.bytes_max:
             self.drop(segment_id)  # the window must stay contiguous with the log end
             return
-        windows = self._windows
-        window = windows.get(segment_id)
+        window = self._windows.get(segment_id)
         if window is None:
-            window = windows[segment_id] = _Window()
-        else:
-            entries = window.entries
-            if window.head < len(entries) and entries[-1].end_offset != entry.base_offset:
-                self.drop(segment_id)
-                window = windows[segment_id] = _Window()
-            windows.move_to_end(segment_id)
+            window = self._windows[segment_id] = _Window()
+        elif (
+            window.head < len(window.entries) and window.entries[-1].end_offset != entry.base_offset
+        ):
+            self.drop(segment_id)
+            window = self._windows[segment_id] = _Window()
+        self._windows.move_to_end(segment_id)
         window.entries.append(entry)
         window.bases.append(entry.base_offset)
         window.bytes += cost
         self.bytes += cost
-        if self.bytes > self.bytes_max:
-            self._evict()
+        self._evict()
 
     def read(self, segment_id: str, offset: int, bytes_max: int) -> list[Entry] | None:
         """Entries from the one holding ``offset``, or ``None`` when the window does not cover it."""
