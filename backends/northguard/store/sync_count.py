@@ -10,7 +10,8 @@ with ``SyncCount.add``.
 
 Kinds: ``wal`` (``*.wal`` files and their ``.tmp``), ``segment`` (``*.seg``),
 ``directory`` (renames, and the empty marker files whose creation makes a
-directory entry durable), ``index`` (the offset index), ``journal``.
+directory entry durable), ``filesystem`` (one ``Disk.sync_all`` for many files),
+``index`` (the offset index), ``journal``.
 
 Thread-safe: flushes, writer passes and checkpoints fsync from worker
 threads at once, so the counts are kept under a lock (an fsync costs
@@ -36,7 +37,7 @@ from typing import Any
 
 from backends.northguard.runtime import Disk, File
 
-KINDS = ("wal", "segment", "directory", "index", "journal")
+KINDS = ("wal", "segment", "directory", "filesystem", "index", "journal")
 
 
 @dataclass(eq=False)
@@ -129,6 +130,12 @@ class CountingDisk(Disk):
     def rename(self, source: Path, target: Path) -> None:
         self._disk.rename(source, target)
         self.count.add(self._kind or "directory")
+
+    def sync_all(self, directory: Path) -> bool:
+        synced = self._disk.sync_all(directory)
+        if synced:
+            self.count.add(self._kind or "filesystem")
+        return synced
 
 
 class _CountingFile(File):

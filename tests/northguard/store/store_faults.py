@@ -1,7 +1,8 @@
 """Fault injection for the store tests: the real runtime whose disk raises ``OSError`` on request.
 
 ``FaultyRuntime`` is ``RealRuntime`` with a disk that wraps ``OsDisk`` and,
-when told to, raises from ``fsync``/``pwrite``/``truncate`` of chosen files,
+when told to, raises from ``fsync``/``pwrite``/``truncate`` of chosen files
+(and from ``sync_all`` while any fsync fault is set),
 holds their ``fsync`` as a hung device would (``stall_fsync``), refuses
 O_DIRECT, or grants it and then rejects direct writes with ``EINVAL``.
 ``holds`` stop the next ``fsync``, ``pwrite`` or ``rename`` of a chosen file at a point a
@@ -133,6 +134,16 @@ class FaultyDisk(Disk):
         self.inner.rename(source, target)
         if hold is not None:
             hold.done.set()
+
+    def sync_all(self, directory: Path) -> bool:
+        """The files' one sync fails or stalls as their fsyncs are told to: one device."""
+        if self.faults.get("stall_fsync"):
+            self.stalled.set()
+            self.unstall.wait(30)
+        if self.faults.get("fsync"):
+            self.fsync_failures += 1
+            raise OSError(errno.EIO, f"injected sync error on {directory}")
+        return self.inner.sync_all(directory)
 
 
 class FaultyRuntime(RealRuntime):

@@ -20,10 +20,12 @@ import pytest
 
 from backends.northguard.power_loss import PowerLossIndex, PowerLossRuntime
 from backends.northguard.store import Entry, FpsStore
+from backends.northguard.store.fps import SYNC_ALL_FILES_MIN
 from xinfra.errors import CorruptData, NotFound, OffsetOutOfRange, StorageError, Unavailable
 
 DATA = Path("/power-loss/data")
 SEGMENTS = ("s1", "s2", "s3")
+MANY_SEGMENTS = tuple(f"m{n}" for n in range(SYNC_ALL_FILES_MIN + 4))  # synced in one call
 RECORDS_PER_BATCH = 10
 
 
@@ -32,6 +34,7 @@ class Outcome:
     acknowledged: list[tuple[str, Entry]] = field(default_factory=list)
     lost: list[tuple[str, Entry]] = field(default_factory=list)
     fsyncs_skipped: int = 0
+    sync_alls: int = 0
 
 
 def batch_of(segment_id: str, number: int) -> bytes:
@@ -57,7 +60,7 @@ async def append_round(
     """``batches`` appends per segment, all in flight together (one or a few group commits)."""
     tasks: list[tuple[str, asyncio.Future[Entry]]] = []
     for _ in range(batches):
-        for sid in SEGMENTS:
+        for sid in ends:
             base = ends[sid]
             ends[sid] = base + RECORDS_PER_BATCH
             data = batch_of(sid, base)
@@ -77,10 +80,14 @@ async def survives(store: FpsStore, sid: str, entry: Entry) -> bool:
 
 
 async def run_and_pull_the_plug(
-    *, skip_fsync: tuple[str, ...] = (), skip_directory_sync: bool = False
+    *,
+    skip_fsync: tuple[str, ...] = (),
+    skip_directory_sync: bool = False,
+    segments: tuple[str, ...] = SEGMENTS,
 ) -> Outcome:
     """Acknowledged appends in three phases (checkpointed, checkpointed again, in the WAL only),
-    appends still queued, then a power loss and a restart: which acknowledged appends survive."""
+    appends still queued, then a power loss and a restart: which acknowledged appends survive.
+    With ``MANY_SEGMENTS`` a checkpoint syncs its files in one ``sync_all``."""
     runtime = PowerLossRuntime()
     disk = runtime.disk
     disk.skip_fsync = skip_fsync
@@ -89,9 +96,9 @@ async def run_and_pull_the_plug(
     outcome = Outcome()
     store = open_store(runtime, index)
     await store.open()
-    for sid in SEGMENTS:
+    for sid in segments:
         await store.create_segment(sid, 0)
-    ends = dict.fromkeys(SEGMENTS, 0)
+    ends = dict.fromkeys(segments, 0)
     await append_round(store, ends, 8, outcome)
     assert await store.checkpoint()  # segment files synced, the WAL released
     await append_round(store, ends, 8, outcome)
@@ -99,7 +106,7 @@ async def run_and_pull_the_plug(
     await append_round(store, ends, 8, outcome)  # acknowledged, in the WAL only
     queued = [
         asyncio.ensure_future(store.append(sid, ends[sid], RECORDS_PER_BATCH, b"never acked"))
-        for sid in SEGMENTS
+        for sid in segments
     ]
     disk.power_loss()
     await store.crash()
@@ -107,6 +114,7 @@ async def run_and_pull_the_plug(
         with pytest.raises((StorageError, Unavailable)):
             await task
     outcome.fsyncs_skipped = disk.fsyncs_skipped
+    outcome.sync_alls = disk.sync_alls
     disk.skip_fsync, disk.skip_directory_sync = (), False  # the next boot's disk is sound
 
     reopened = open_store(runtime, index.reopened())
@@ -125,6 +133,21 @@ async def test_every_acknowledged_append_survives_power_loss() -> None:
     assert len(outcome.acknowledged) == 3 * 8 * len(SEGMENTS)
     assert outcome.lost == []
     assert outcome.fsyncs_skipped == 0
+    assert outcome.sync_alls == 0  # three files: an fsync each
+
+
+async def test_checkpoints_syncing_many_files_in_one_call_lose_nothing() -> None:
+    outcome = await run_and_pull_the_plug(segments=MANY_SEGMENTS)
+    assert len(outcome.acknowledged) == 3 * 8 * len(MANY_SEGMENTS)
+    assert outcome.lost == []
+    assert outcome.sync_alls >= 2  # both checkpoints
+
+
+async def test_the_check_fails_when_the_one_sync_of_many_files_skips_them() -> None:
+    """The teeth of the test above: a ``sync_all`` that leaves the segment files as they were."""
+    outcome = await run_and_pull_the_plug(skip_fsync=(".seg",), segments=MANY_SEGMENTS)
+    assert outcome.sync_alls >= 2
+    assert len(outcome.lost) >= 8 * len(MANY_SEGMENTS), len(outcome.lost)
 
 
 @pytest.mark.parametrize(
