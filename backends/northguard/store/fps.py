@@ -44,7 +44,8 @@ only the copy: every frame is durable in the WAL before it is acknowledged.
 **Checkpoints.**  Segment files are synced in the background of the flushes:
 every ``checkpoint_ms`` while some were written (and whenever the WAL rolls
 to a new file), a checkpoint rolls the WAL, fsyncs every segment file written
-since the last one (side by side: they share a journal commit), records
+since the last one (side by side: they share a journal commit; from
+``SYNC_ALL_FILES_MIN`` files, one ``syncfs`` for all), records
 their ends in the index, syncs it, and only then removes the WAL files it
 covered.  A flush's cost therefore does not grow with the ranges it writes
 (the sync of N segments is paid once a checkpoint, not once a flush), and an
@@ -154,7 +155,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from backends.northguard.runtime import Runtime
+from backends.northguard.runtime import Runtime, lower_thread_priority
 from backends.northguard.shielded import to_completion
 from backends.northguard.store.base import Entry, SegmentInfo, SegmentState, SegmentStore
 from backends.northguard.store.file_pool import FilePool, NoDescriptor, check_descriptors_max
@@ -202,10 +203,13 @@ DIRECTORY_MARKER = "created.sync"
 """The empty file whose durable creation (a rename) syncs the segment directory."""
 
 _SIDE_BY_SIDE = 8
-_FSYNC_POOL = ThreadPoolExecutor(max_workers=_SIDE_BY_SIDE, thread_name_prefix="fps-fsync")
+_FSYNC_POOL = ThreadPoolExecutor(
+    max_workers=_SIDE_BY_SIDE, thread_name_prefix="fps-fsync", initializer=lower_thread_priority
+)
 """Where segment files are written and fsynced side by side: on ext4, fsyncs in flight together
 share a journal commit, so syncing N segments costs about one fsync, not N (measured on a
-shared 2-vCPU VM: 4 segment fsyncs 11.5 ms one after another, 1.2 ms together)."""
+shared 2-vCPU VM: 4 segment fsyncs 11.5 ms one after another, 1.2 ms together).  Background
+work (writer passes, checkpoints): its threads yield the CPU to the data path."""
 
 SYNC_ALL_FILES_MIN = 16
 """A checkpoint with this many dirty segment files syncs them in one call (``Disk.sync_all``,
@@ -397,14 +401,17 @@ class FpsStore(SegmentStore):
         checkpoint_ms: float = 1000.0,
         close_timeout_ms: float = 30_000.0,
         segment_write_bytes: int = 256 * 1024,
-        unwritten_bytes_max: int = 32 * 1024 * 1024,
+        unwritten_bytes_max: int = 64 * 1024 * 1024,
     ) -> None:
         """``descriptors_max``: the bound of the segment file pool (None: derived from
         ``RLIMIT_NOFILE``; a bound not well under it raises ``ValueError`` here, at start).
         ``close_timeout_ms``: how long ``close`` and ``crash`` wait for work in progress.
         ``segment_write_bytes``: a segment's acknowledged frames are written to its file once
         they reach this size (else by the checkpoint, or a read that needs them);
-        ``unwritten_bytes_max``: past this many acknowledged bytes not in their files, all go."""
+        ``unwritten_bytes_max``: past this many acknowledged bytes not in their files, all go
+        (as much as a WAL file holds: at half of it, ranges too many to fill ``segment_write_bytes``
+        each were written twice per WAL file, once for the bound and once by the checkpoint its
+        roll brings; 1,000 O_DIRECT writes per 500,000 records at 512 ranges, ~50 us each)."""
         assert group_commit_ms >= 0 and group_commit_bytes_max > 0 and group_commit_records_max > 0
         assert queue_bytes_max >= group_commit_bytes_max and index_interval_bytes > 0
         self._runtime = runtime
@@ -1329,7 +1336,7 @@ class FpsStore(SegmentStore):
         self, taken: dict[str, tuple[_Segment, list[tuple[int, int, bytes]]]]
     ) -> None:
         try:
-            outcomes = await self._runtime.run_blocking(self._write_blocking, taken)
+            outcomes = await self._runtime.run_background(self._write_blocking, taken)
         except OSError as error:
             for sid, (segment, frames) in taken.items():
                 self._keep_pending(sid, segment, frames)
@@ -1477,7 +1484,7 @@ class FpsStore(SegmentStore):
         if self._unwritten:  # acknowledged while the pass ran: the next checkpoint writes them
             self._arm_checkpoint()
         try:
-            taken.covered = await to_completion(self._runtime.run_blocking(self._roll_wal))
+            taken.covered = await to_completion(self._runtime.run_background(self._roll_wal))
         except OSError as error:
             self._redirty(taken.ends)
             raise self._fail(error, "rolling the WAL") from error
@@ -1505,7 +1512,7 @@ class FpsStore(SegmentStore):
             return set()
         try:
             skipped = await to_completion(
-                self._runtime.run_blocking(self._sync_files, [s.file for s in taken.dirty])
+                self._runtime.run_background(self._sync_files, [s.file for s in taken.dirty])
             )
         except OSError as error:
             self._wal.retire(taken.covered)  # still needed: nothing is released
@@ -1539,7 +1546,7 @@ class FpsStore(SegmentStore):
         keep = bool(skipped) or taken.unwritten
         try:
             await to_completion(
-                self._runtime.run_blocking(self._record_ends, ends, taken.covered, keep)
+                self._runtime.run_background(self._record_ends, ends, taken.covered, keep)
             )
         except Exception as error:
             self._wal.retire(taken.covered)
