@@ -5,7 +5,8 @@ One broker process (fps store) on a temporary directory, driven by the SDK's
 after each phase.
 
 * **Produce throughput against ranges written at once**: the same records
-  (``--records`` values of 100 B, ``Record`` objects built inside the timed
+  (``--records`` values of 100 B, 4,000,000 by default: a steady state over
+  several checkpoints, see ``RECORDS_PER_RUN``; ``Record`` objects built inside the timed
   loop), one producer, sent ``--batch`` at a time to range ``(n // batch) %
   width`` of a fresh topic of ``width`` ranges, for width 1, 8, 64 and 512;
   every send's offsets are checked.  The loop yields to the event loop once
@@ -78,6 +79,14 @@ WIDTHS = (1, 8, 64, 512)
 NEW_RANGES = 4096
 SEGMENTS_GOAL = 20_000
 LINGER_MS = 5.0
+RECORDS_PER_RUN = 4_000_000
+"""Records per width run: 440 MB, several of the store's checkpoint cycles (one per second
+or per 64 MiB WAL file).  At 500,000 (55 MB, under one cycle) whether a run paid for a
+checkpoint and its segment writes depended on the runs around it: work a run left behind
+its last acknowledgement landed in the next run, whatever its width.  The 512/1 ratio of
+one round went from 0.58 to 0.83 with the order of the widths, and to 1.7 once that work
+ran at a lower CPU priority (a 1-range run right after a 512-range one paid for both).
+Runs this long measured 0.68-0.73 for the same code, before and after that change."""
 
 
 def progress(message: str) -> None:
@@ -310,7 +319,7 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="where the data directory goes")
     args = parser.parse_args()
     args.rounds = rounds_of(args)
-    args.records = args.records or (200_000 if args.quick else 500_000)
+    args.records = args.records or (1_000_000 if args.quick else RECORDS_PER_RUN)
     args.generations = args.generations or (2 if args.quick else -(-SEGMENTS_GOAL // NEW_RANGES))
     rounds, facts = asyncio.run(run(args))
     figures = rounds.figures()

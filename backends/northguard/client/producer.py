@@ -288,9 +288,9 @@ class NorthguardProducer(ShardProducer):
         long, so they come due in the order they were armed, and a queue of
         (time, shard) replaces a timer each.  With hundreds of ranges written
         at once, a timer per shard kept that many handles in the event loop's
-        heap, and each arm and cancel paid for its depth (measured: ~10 us per
-        batch sent behind another, at 512 ranges).  A shard sealed sooner is
-        skipped when its entry comes up (``linger_at`` no longer matches).
+        heap, each arm and cancel paying for its depth (in Python comparisons,
+        on asyncio's own loop).  A shard sealed sooner is skipped when its
+        entry comes up (``linger_at`` no longer matches).
         """
         state.linger_at = when = self._loop.time() + self._linger_s
         self._lingering.append((when, state))
