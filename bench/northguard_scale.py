@@ -16,8 +16,9 @@ after each phase.
   round (paired rounds: the 512/1 ratio is taken per round).  Per width the
   broker's flushes, fsyncs per flush (the flushes' own: the WAL's), mean
   flush time, appends per flush, every fsync and the checkpoints' (a
-  checkpoint of the width before may end in this one's window), and the
-  segment files made with the time their opens took are reported.
+  checkpoint of the width before may end in this one's window), the segment
+  file appends of the writer passes, and the segment files made with the time
+  their opens took are reported.
 * **First write to 4,096 new ranges**: a fresh topic of 4,096 ranges, one
   record sent to every range at once; timed from the first send to the last
   acknowledgement (every range opens its first segment: a store create and a
@@ -165,6 +166,7 @@ def flush_facts(counts: dict[str, float]) -> dict[str, Any]:
         "checkpoint_fsyncs": int(counts.get("northguard_store_checkpoint_fsyncs_total", 0.0)),
         "checkpoints": int(counts.get("northguard_store_checkpoints_total", 0.0)),
         "fsyncs": int(counts.get("northguard_store_fsyncs_total", 0.0)),  # every kind, everyone's
+        "segment_writes": int(counts.get("northguard_store_segment_writes_total", 0.0)),
         "files_created": int(counts.get("northguard_store_segment_files_created_total", 0.0)),
         "file_create_s": round(
             counts.get("northguard_store_segment_file_create_seconds_total", 0.0), 4

@@ -116,10 +116,13 @@ async def test_fsync_counters_are_the_calls_the_kernel_saw(
 
     deadline = time.monotonic() + WAIT_S
     while True:  # until a checkpoint has synced the segments and the trace has caught up
-        counted = counted_fsyncs(broker_metrics(process))
+        metrics = broker_metrics(process)
+        counted = counted_fsyncs(metrics)
         traced = traced_fsyncs(trace, process.data_dir)
         synced = counted["filesystem"] >= 1 or counted["segment"] >= RANGES  # one way or other
-        if synced and counted == traced:
+        # A file is synced once its frames are in it: every range's, by one writer pass or more.
+        written = metrics["northguard_store_segment_writes_total"] >= RANGES
+        if synced and written and counted == traced:
             break
         assert time.monotonic() < deadline, f"counted {dict(counted)}, traced {dict(traced)}"
         await asyncio.sleep(0.05)
@@ -135,6 +138,11 @@ async def test_fsync_counters_are_the_calls_the_kernel_saw(
         flushes
         <= now["northguard_store_flush_fsyncs_total"]
         <= counted["wal"] + counted["directory"]
+    )
+    assert (
+        1
+        <= now["northguard_store_segment_write_passes_total"]
+        <= now["northguard_store_segment_writes_total"]
     )
     segment_syncs = counted["segment"] + counted["filesystem"]
     assert segment_syncs >= 1  # RANGES files: fsynced each, or all in one syncfs

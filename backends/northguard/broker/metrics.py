@@ -134,6 +134,16 @@ class _StoreCollector(Collector):
                 "Frames found whole past a segment's synced end by the last open",
                 stats.adopted_frames,
             ),
+            (
+                "northguard_store_segment_write_passes",
+                "Writer passes: acknowledged frames copied from memory to their segment files",
+                stats.segment_write_passes,
+            ),
+            (
+                "northguard_store_segment_writes",
+                "Segment file appends by writer passes (one per segment per pass)",
+                stats.segment_writes,
+            ),
             ("northguard_store_flush_seconds", "Time spent in flushes", stats.flush_s_total),
             ("northguard_store_flushed_appends", "Appends made durable", stats.flushed_appends),
             ("northguard_store_flushed_records", "Records made durable", stats.flushed_records),
