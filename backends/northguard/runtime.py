@@ -176,8 +176,8 @@ class Runtime(abc.ABC):
         """Run a blocking call (a disk flush) off the event loop and await it."""
 
     async def run_background(self, function: Callable[..., T], *args: Any) -> T:
-        """``run_blocking`` for work no acknowledgement waits on (segment writes, checkpoints):
-        where the system allows, on threads that yield the CPU to the data path."""
+        """``run_blocking`` for work nobody waits for (a writer pass of its own, a timed
+        checkpoint): where the system allows, on threads that yield the CPU to the data path."""
         return await self.run_blocking(function, *args)
 
 
@@ -391,8 +391,9 @@ the event loop and from the producers sharing it.  Measured on 512-range
 produce runs: 0.43 s -> 0.38 s per 500,000 records, much of it work moved past
 the run's end; over 4,000,000 records, where none can be, both 1 and 512
 ranges ran ~5% faster.  RocksDB lowers its compaction threads the same way.
-Lowered threads still get a share of a busy CPU, so the work behind them (a
-memory bound, a read of unwritten frames) advances, only later."""
+Lowered threads still get a share of a busy CPU, so the memory bound behind
+them advances, only later; work a caller waits for (a read of unwritten
+frames, a seal) is never given to them."""
 
 
 def lower_thread_priority() -> None:

@@ -149,7 +149,7 @@ import contextlib
 import contextvars
 import logging
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -203,13 +203,18 @@ DIRECTORY_MARKER = "created.sync"
 """The empty file whose durable creation (a rename) syncs the segment directory."""
 
 _SIDE_BY_SIDE = 8
-_FSYNC_POOL = ThreadPoolExecutor(
-    max_workers=_SIDE_BY_SIDE, thread_name_prefix="fps-fsync", initializer=lower_thread_priority
-)
+_FSYNC_POOL = ThreadPoolExecutor(max_workers=_SIDE_BY_SIDE, thread_name_prefix="fps-fsync")
 """Where segment files are written and fsynced side by side: on ext4, fsyncs in flight together
 share a journal commit, so syncing N segments costs about one fsync, not N (measured on a
-shared 2-vCPU VM: 4 segment fsyncs 11.5 ms one after another, 1.2 ms together).  Background
-work (writer passes, checkpoints): its threads yield the CPU to the data path."""
+shared 2-vCPU VM: 4 segment fsyncs 11.5 ms one after another, 1.2 ms together)."""
+_BACKGROUND_POOL = ThreadPoolExecutor(
+    max_workers=_SIDE_BY_SIDE,
+    thread_name_prefix="fps-background",
+    initializer=lower_thread_priority,
+)
+"""The same for work nothing waits on (``Runtime.run_background``): the writer's own passes and
+timed checkpoints.  A seal, a delete, a close or a read that needs unwritten frames waits for
+its pass or checkpoint, which then runs at the caller's priority (``_FSYNC_POOL``)."""
 
 SYNC_ALL_FILES_MIN = 16
 """A checkpoint with this many dirty segment files syncs them in one call (``Disk.sync_all``,
@@ -220,7 +225,9 @@ _T = TypeVar("_T")
 _R = TypeVar("_R")
 
 
-def _side_by_side(function: Callable[[_T], _R], items: list[_T]) -> list[_R | Exception]:
+def _side_by_side(
+    function: Callable[[_T], _R], items: list[_T], pool: ThreadPoolExecutor
+) -> list[_R | Exception]:
     """``function`` of every item, up to ``_SIDE_BY_SIDE`` at once; per item its result or error.
 
     One pool task per thread, each going through its share of the items, not
@@ -243,7 +250,7 @@ def _side_by_side(function: Callable[[_T], _R], items: list[_T]) -> list[_R | Ex
         return run(items)
     ways = min(_SIDE_BY_SIDE, len(items))
     futures = [
-        _FSYNC_POOL.submit(contextvars.copy_context().run, run, items[start::ways])
+        pool.submit(contextvars.copy_context().run, run, items[start::ways])
         for start in range(ways)
     ]
     results: list[_R | Exception] = list(items)  # type: ignore[arg-type]  # each slot replaced
@@ -252,14 +259,14 @@ def _side_by_side(function: Callable[[_T], _R], items: list[_T]) -> list[_R | Ex
     return results
 
 
-def _fsync_all(files: list[SegmentFile]) -> list[SegmentFile]:
+def _fsync_all(files: list[SegmentFile], pool: ThreadPoolExecutor) -> list[SegmentFile]:
     """fsync every file, concurrently; return those no descriptor was left for, raise the first error.
 
     A file that could not be opened (``NoDescriptor``) is not synced: the
     caller keeps the WAL that covers it and tries again at the next checkpoint.
     """
     skipped: list[SegmentFile] = []
-    for file, outcome in zip(files, _side_by_side(SegmentFile.fsync, files), strict=True):
+    for file, outcome in zip(files, _side_by_side(SegmentFile.fsync, files, pool), strict=True):
         if isinstance(outcome, NoDescriptor):
             skipped.append(file)
         elif isinstance(outcome, Exception):
@@ -267,13 +274,15 @@ def _fsync_all(files: list[SegmentFile]) -> list[SegmentFile]:
     return skipped
 
 
-def _append_all(writes: dict[SegmentFile, bytes]) -> dict[SegmentFile, int | NoDescriptor]:
+def _append_all(
+    writes: dict[SegmentFile, bytes], pool: ThreadPoolExecutor
+) -> dict[SegmentFile, int | NoDescriptor]:
     """Append to every file, side by side when several (an O_DIRECT write waits for the device):
     where each write starts, or ``NoDescriptor`` for a file that could not be opened; any other
     error is raised once all have finished."""
     items = list(writes.items())
     outcomes: dict[SegmentFile, int | NoDescriptor] = {}
-    for (file, _), outcome in zip(items, _side_by_side(_append_one, items), strict=True):
+    for (file, _), outcome in zip(items, _side_by_side(_append_one, items, pool), strict=True):
         if isinstance(outcome, NoDescriptor):
             outcomes[file] = outcome
         elif isinstance(outcome, Exception):
@@ -281,6 +290,10 @@ def _append_all(writes: dict[SegmentFile, bytes]) -> dict[SegmentFile, int | NoD
         else:
             outcomes[file] = outcome
     return outcomes
+
+
+def _pool(background: bool) -> ThreadPoolExecutor:
+    return _BACKGROUND_POOL if background else _FSYNC_POOL
 
 
 def _append_one(write: tuple[SegmentFile, bytes]) -> int:
@@ -453,6 +466,7 @@ class FpsStore(SegmentStore):
         self._ripe: dict[str, None] = {}  # ... whose frames reach segment_write_bytes (or retried)
         self._unwritten_bytes = 0  # pending bytes, all segments
         self._write_all = False  # the next writer pass takes every segment, ripe or not
+        self._write_waited = False  # ... and a read waits for it: at the caller's priority
         self._segment_write_bytes = segment_write_bytes
         self._unwritten_bytes_max = unwritten_bytes_max
         self._write_lock = asyncio.Lock()  # one writer pass at a time; seals and deletes wait
@@ -585,18 +599,23 @@ class FpsStore(SegmentStore):
         file descriptor (its WAL is kept, and a later checkpoint retries).  A disk
         error raises ``StorageError`` and is fail-stop, as in a flush.
         """
+        return await self._checkpoint_beside_flushes(background=False)
+
+    async def _checkpoint_beside_flushes(self, *, background: bool) -> bool:
+        """``checkpoint``; ``background``: nobody waits for it (its timer's), so its work runs on
+        threads that yield the CPU (``Runtime.run_background``)."""
         self._check_writable()
         async with self._checkpoint_lock:
             # What is acknowledged now goes to its files beside the flushes (a second of appends
             # to thousands of new segments takes seconds: under _lock every ack waited for it);
             # _checkpoint_begin writes, under _lock, only what the flushes added meanwhile.
-            await self._write_pending()
+            await self._write_pending(background=background)
             async with self._lock:
                 self._check_writable()
-                taken = await self._checkpoint_begin()
-            skipped = await self._checkpoint_sync(taken)
+                taken = await self._checkpoint_begin(background)
+            skipped = await self._checkpoint_sync(taken, background)
             async with self._lock:
-                return await self._checkpoint_end(taken, skipped)
+                return await self._checkpoint_end(taken, skipped, background)
 
     async def _hold(
         self, locks: list[asyncio.Lock], deadline: float, doing: str
@@ -1298,12 +1317,14 @@ class FpsStore(SegmentStore):
             self._write_wakeup.clear()
             if self._failure is None:
                 everything, self._write_all = self._write_all, False
+                waited, self._write_waited = self._write_waited, False  # by a read: its priority
                 with contextlib.suppress(StorageError):  # fail-stop, logged by _fail
-                    await self._write_pending(everything)
+                    await self._write_pending(everything, background=not waited)
 
-    async def _write_pending(self, everything: bool = True) -> None:
+    async def _write_pending(self, everything: bool = True, *, background: bool = False) -> None:
         """Write the acknowledged frames not yet in their segment files (one pass,
-        ``_write_lock``): every segment's, or only the ripe segments' (``everything`` False).
+        ``_write_lock``): every segment's, or only the ripe segments' (``everything`` False);
+        ``background``: nobody waits for the pass, which runs on threads that yield the CPU.
 
         Raises the store's ``StorageError`` once it has failed (a pass that ran
         while this one waited may have failed it): a seal or checkpoint must
@@ -1330,13 +1351,17 @@ class FpsStore(SegmentStore):
                 # The pass and its bookkeeping as one step: a cancelled caller never leaves frames
                 # written to a file but still counted as pending (a checkpoint would then drop
                 # the WAL that is their only record in the index).
-                await to_completion(self._write_pass(taken))
+                await to_completion(self._write_pass(taken, background))
+
+    def _runner(self, background: bool) -> Callable[..., Awaitable[Any]]:
+        """Where a blocking step runs: on threads that yield the CPU when nobody waits for it."""
+        return self._runtime.run_background if background else self._runtime.run_blocking
 
     async def _write_pass(
-        self, taken: dict[str, tuple[_Segment, list[tuple[int, int, bytes]]]]
+        self, taken: dict[str, tuple[_Segment, list[tuple[int, int, bytes]]]], background: bool
     ) -> None:
         try:
-            outcomes = await self._runtime.run_background(self._write_blocking, taken)
+            outcomes = await self._runner(background)(self._write_blocking, taken, background)
         except OSError as error:
             for sid, (segment, frames) in taken.items():
                 self._keep_pending(sid, segment, frames)
@@ -1377,12 +1402,13 @@ class FpsStore(SegmentStore):
         self._unwritten[sid] = None
 
     def _write_blocking(
-        self, taken: dict[str, tuple[_Segment, list[tuple[int, int, bytes]]]]
+        self, taken: dict[str, tuple[_Segment, list[tuple[int, int, bytes]]]], background: bool
     ) -> dict[str, int | NoDescriptor]:
         """Append each segment's frames (side by side), then their index points; the new ends."""
         index = self._require_index()
         written = _append_all(
-            {segment.file: b"".join(f[2] for f in frames) for segment, frames in taken.values()}
+            {segment.file: b"".join(f[2] for f in frames) for segment, frames in taken.values()},
+            _pool(background),
         )
         outcomes: dict[str, int | NoDescriptor] = {}
         points: list[IndexPoint] = []
@@ -1442,9 +1468,9 @@ class FpsStore(SegmentStore):
     async def _checkpoint(self) -> bool:
         """With ``_checkpoint_lock`` and ``_lock`` held by the caller (delete, close), never
         ``_write_lock`` (it begins with a writer pass): every step of a checkpoint under them."""
-        taken = await self._checkpoint_begin()
-        skipped = await self._checkpoint_sync(taken)
-        return await self._checkpoint_end(taken, skipped)
+        taken = await self._checkpoint_begin(background=False)
+        skipped = await self._checkpoint_sync(taken, background=False)
+        return await self._checkpoint_end(taken, skipped, background=False)
 
     def _start_checkpoint(self) -> None:
         if self._checkpointer is None or self._checkpointer.done():
@@ -1462,17 +1488,18 @@ class FpsStore(SegmentStore):
         if self._failure is not None or self._state != "open":
             return
         with contextlib.suppress(StorageError, Unavailable):  # fail-stop (logged by _fail); closing
-            await self.checkpoint()
+            await self._checkpoint_beside_flushes(background=True)
         if self._checkpoint_asked:  # its timer fired while this one ran: the flusher looks again
             self._wakeup.set()
 
-    async def _checkpoint_begin(self) -> _Checkpoint:
+    async def _checkpoint_begin(self, background: bool) -> _Checkpoint:
         """Roll the WAL (every frame before it is in a segment file now) and take the dirty set."""
         if self._checkpoint_timer is not None:
             self._checkpoint_timer.cancel()
             self._checkpoint_timer = None
         self._checkpoint_asked = False
-        await self._write_pending()  # every frame the WAL holds now is then in a segment file
+        # every frame the WAL holds now is then in a segment file
+        await self._write_pending(background=background)
         dirty = [self._segments[sid] for sid in self._dirty if sid in self._segments]
         taken = _Checkpoint(
             dirty,
@@ -1484,7 +1511,7 @@ class FpsStore(SegmentStore):
         if self._unwritten:  # acknowledged while the pass ran: the next checkpoint writes them
             self._arm_checkpoint()
         try:
-            taken.covered = await to_completion(self._runtime.run_background(self._roll_wal))
+            taken.covered = await to_completion(self._runner(background)(self._roll_wal))
         except OSError as error:
             self._redirty(taken.ends)
             raise self._fail(error, "rolling the WAL") from error
@@ -1506,13 +1533,15 @@ class FpsStore(SegmentStore):
             finally:
                 self.stats.checkpoint_fsyncs += made.count
 
-    async def _checkpoint_sync(self, taken: _Checkpoint) -> set[str]:
+    async def _checkpoint_sync(self, taken: _Checkpoint, background: bool) -> set[str]:
         """fsync the files, side by side; the segments no descriptor was left for are returned."""
         if not taken.dirty:
             return set()
         try:
             skipped = await to_completion(
-                self._runtime.run_background(self._sync_files, [s.file for s in taken.dirty])
+                self._runner(background)(
+                    self._sync_files, [s.file for s in taken.dirty], background
+                )
             )
         except OSError as error:
             self._wal.retire(taken.covered)  # still needed: nothing is released
@@ -1521,7 +1550,7 @@ class FpsStore(SegmentStore):
         paths = {file.path for file in skipped}
         return {s.meta.segment_id for s in taken.dirty if s.file.path in paths}
 
-    def _sync_files(self, files: list[SegmentFile]) -> list[SegmentFile]:
+    def _sync_files(self, files: list[SegmentFile], background: bool) -> list[SegmentFile]:
         """fsync ``files`` side by side (from ``SYNC_ALL_FILES_MIN`` files: one sync of them all,
         where the disk has one), then their directory if one of them was made since its last
         sync (a new segment's first write makes its file): an end is recorded only for a file
@@ -1530,7 +1559,7 @@ class FpsStore(SegmentStore):
             if len(files) >= SYNC_ALL_FILES_MIN and self._disk.sync_all(self._segments_dir):
                 skipped = []  # a closed file's writes are synced too: no descriptor needed
             else:
-                skipped = _fsync_all(files)
+                skipped = _fsync_all(files, _pool(background))
             left_out = set(skipped)
             made = [file for file in files if not file.on_disk and file not in left_out]
             if made:
@@ -1539,14 +1568,16 @@ class FpsStore(SegmentStore):
                 file.on_disk = True
         return skipped
 
-    async def _checkpoint_end(self, taken: _Checkpoint, skipped: set[str]) -> bool:
+    async def _checkpoint_end(
+        self, taken: _Checkpoint, skipped: set[str], background: bool
+    ) -> bool:
         """Record the synced ends, sync the index, then remove the WAL files the checkpoint covers;
         return whether it removed them all (nothing acknowledged is then only in the WAL)."""
         ends = {sid: end for sid, end in taken.ends.items() if sid not in skipped}
         keep = bool(skipped) or taken.unwritten
         try:
             await to_completion(
-                self._runtime.run_background(self._record_ends, ends, taken.covered, keep)
+                self._runner(background)(self._record_ends, ends, taken.covered, keep)
             )
         except Exception as error:
             self._wal.retire(taken.covered)
@@ -1631,6 +1662,7 @@ class FpsStore(SegmentStore):
                 )
             written = self._written_event
             self._write_all = True
+            self._write_waited = True  # a reader waits for this pass: not in the background
             self._write_wakeup.set()
             await written.wait()
             self._check_readable()
@@ -1788,7 +1820,7 @@ class FpsStore(SegmentStore):
                 segment = self._segments[sid]
                 new_ends[sid] = SegmentEnd(segment.end_position, segment.end_offset)
         files = [self._segments[sid].file for sid in new_ends]
-        skipped = _fsync_all(files)
+        skipped = _fsync_all(files, _FSYNC_POOL)  # a start: everything waits for it
         if skipped:
             raise NoDescriptor(0, f"recovery could not open {len(skipped)} segment files to sync")
         if files or removed:
