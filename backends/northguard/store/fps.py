@@ -1556,10 +1556,7 @@ class FpsStore(SegmentStore):
         sync (a new segment's first write makes its file): an end is recorded only for a file
         whose bytes and directory entry are both durable.  Returns the files skipped."""
         with self._checkpoint_syncs():
-            if len(files) >= SYNC_ALL_FILES_MIN and self._disk.sync_all(self._segments_dir):
-                skipped = []  # a closed file's writes are synced too: no descriptor needed
-            else:
-                skipped = _fsync_all(files, _pool(background))
+            skipped = self._sync_segment_files(files, _pool(background))
             left_out = set(skipped)
             made = [file for file in files if not file.on_disk and file not in left_out]
             if made:
@@ -1567,6 +1564,16 @@ class FpsStore(SegmentStore):
             for file in made:
                 file.on_disk = True
         return skipped
+
+    def _sync_segment_files(
+        self, files: list[SegmentFile], pool: ThreadPoolExecutor
+    ) -> list[SegmentFile]:
+        """Make ``files``' writes durable: from ``SYNC_ALL_FILES_MIN`` files in one sync of them
+        all where the disk has one (a closed file's too: no descriptor needed), else an fsync
+        each, side by side on ``pool``.  Returns the files no descriptor was left for."""
+        if len(files) >= SYNC_ALL_FILES_MIN and self._disk.sync_all(self._segments_dir):
+            return []
+        return _fsync_all(files, pool)
 
     async def _checkpoint_end(
         self, taken: _Checkpoint, skipped: set[str], background: bool
@@ -1820,7 +1827,7 @@ class FpsStore(SegmentStore):
                 segment = self._segments[sid]
                 new_ends[sid] = SegmentEnd(segment.end_position, segment.end_offset)
         files = [self._segments[sid].file for sid in new_ends]
-        skipped = _fsync_all(files, _FSYNC_POOL)  # a start: everything waits for it
+        skipped = self._sync_segment_files(files, _FSYNC_POOL)  # a start: everything waits for it
         if skipped:
             raise NoDescriptor(0, f"recovery could not open {len(skipped)} segment files to sync")
         if files or removed:
