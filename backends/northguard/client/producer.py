@@ -105,7 +105,7 @@ class _Call:
         self.batches_left = 0
         self.size_bytes = size_bytes
 
-    def offsets(self, start: int, base_offset: int, count: int) -> list[int] | None:
+    def part_acknowledged(self, start: int, base_offset: int, count: int) -> list[int] | None:
         """Record one acknowledged part; the call's offsets once it was the last part."""
         self.batches_left -= 1
         if count == self.count:  # the whole call in one batch: nothing to assemble
@@ -577,7 +577,7 @@ class NorthguardProducer(ShardProducer):
             batch = unacked.popleft()
             index = base_offset
             for call, start, count in batch.parts:
-                offsets_of_call = call.offsets(start, index, count)
+                offsets_of_call = call.part_acknowledged(start, index, count)
                 index += count
                 if offsets_of_call is not None:
                     self._buffered_bytes -= call.size_bytes
