@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import mmap
 from pathlib import Path
 
 import pytest
 from store_faults import FaultyRuntime, StoreFactory
 
+from backends.northguard.store import segment_file
 from xinfra.errors import StorageError, Unavailable
 
 
@@ -149,6 +151,39 @@ async def test_direct_io_pads_blocks_but_never_serves_padding(
     await store.crash()
     store = await open_fps()  # the file is cut to its recorded end, then that append restored
     assert await store.read("s1", 0, 1 << 20) == written
+
+
+async def test_a_direct_write_larger_than_the_thread_buffer_goes_through_it_in_pieces(
+    open_fps: StoreFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment write of several MiB (one hot range between checkpoints) uses the thread's
+    reused buffer piece by piece: a map of its own cost a map, an unmap and a fault per page."""
+    maps: list[int] = []
+    real_mmap = segment_file.mmap.mmap
+
+    def counting_mmap(fileno: int, length: int) -> mmap.mmap:
+        maps.append(length)
+        return real_mmap(fileno, length)
+
+    monkeypatch.setattr(segment_file.mmap, "mmap", counting_mmap)
+    store = await open_fps()
+    await store.create_segment("s1", 0)
+    if not store.direct_io("s1"):
+        pytest.skip(f"the filesystem of {tmp_path} refuses O_DIRECT")
+    written = [await store.append("s1", 0, 1, b"t" * 1000)]  # leaves a partial block
+    assert await store.checkpoint()
+    sizes = [700_000, 1_500_001, 650_003, 5]  # over the buffer even if written one by one
+    appends = [store.append("s1", 1 + n, 1, bytes([66 + n]) * size) for n, size in enumerate(sizes)]
+    written += await asyncio.gather(*appends)
+    assert await store.checkpoint()
+    assert maps and max(maps) <= segment_file.REUSED_BUFFER_BYTES_MAX
+    assert await store.read("s1", 0, 1 << 23) == written
+    await store.crash()
+    store = await open_fps()
+    assert await store.read("s1", 0, 1 << 23) == written
+    written.append(await store.append("s1", 5, 1, b"after"))  # the tail after the pieces
+    assert await store.checkpoint()
+    assert await store.read("s1", 0, 1 << 23) == written
 
 
 async def test_refused_o_direct_falls_back_to_buffered_io(
