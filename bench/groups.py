@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import tempfile
 import time
@@ -47,7 +46,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from report import Rounds, bench_parser, finish, guard, rounds_of, target  # noqa: E402
+from report import Rounds, bench_parser, cpu_s, finish, guard, rounds_of, target  # noqa: E402
 from service import start_metadata_service  # noqa: E402
 
 from metadata_service.groups.assignor import minimum_moves, moves  # noqa: E402
@@ -212,12 +211,6 @@ class Committer:
         text = await self.reader.readexactly(length) if length else b""
         if status != 204:
             raise AssertionError(f"commit refused: {status} {text.decode(errors='replace')}")
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds a process has used (``/proc/<pid>/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def commit_round(

@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import shutil
 import sys
@@ -82,6 +81,7 @@ from report import (  # noqa: E402  (bench/report.py: what every bench shares)
     Rounds,
     alternating,
     bench_parser,
+    cpu_s,
     delta,
     finish,
     guard,
@@ -404,12 +404,6 @@ class BufferPool:
         )
         disk = after["Innodb_buffer_pool_reads"] - before.get("Innodb_buffer_pool_reads", 0)
         return 1 - disk / requests if requests else float("nan")
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds a process has used (``/proc/<pid>/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def measured(

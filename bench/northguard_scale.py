@@ -17,8 +17,10 @@ after each phase.
   broker's flushes, fsyncs per flush (the flushes' own: the WAL's), mean
   flush time, appends per flush, every fsync and the checkpoints' (a
   checkpoint of the width before may end in this one's window), the segment
-  file appends of the writer passes, and the segment files made with the time
-  their opens took are reported.
+  file appends of the writer passes, the segment files made with the time
+  their opens took, and the CPU seconds of this process (the producer) and of
+  the broker are reported: on 2 cores the producer's own CPU bounds the rate,
+  and the broker's competes with it.
 * **First write to 4,096 new ranges**: a fresh topic of 4,096 ranges, one
   record sent to every range at once; timed from the first send to the last
   acknowledgement (every range opens its first segment: a store create and a
@@ -59,6 +61,7 @@ from typing import Any
 from report import (  # bench/report.py: what every bench shares
     Rounds,
     bench_parser,
+    cpu_s,
     delta,
     finish,
     frozen_heap,
@@ -188,11 +191,17 @@ async def throughput_round(
             await backend.create_topic(topic, shard_ranges(width))
             producer = backend.producer(topic, ProducerOptions(linger_ms=LINGER_MS))
             before = metrics(process)
+            cpu_before = (time.process_time(), cpu_s(process.pid))
             rate = await produce(producer, values, args.records, args.batch, width)
+            cpu_after = (time.process_time(), cpu_s(process.pid))
             after = metrics(process)
             await producer.close()
             figures[f"produce_{width}_ranges_records_per_s"] = rate
-            facts[f"width_{width}"] = flush_facts(delta(before, after))
+            facts[f"width_{width}"] = {
+                **flush_facts(delta(before, after)),
+                "client_cpu_s": round(cpu_after[0] - cpu_before[0], 2),
+                "broker_cpu_s": round(cpu_after[1] - cpu_before[1], 2),
+            }
             progress(f"round {number + 1}: {width} ranges: {rate:,.0f} records/s")
     finally:
         await backend.close()

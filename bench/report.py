@@ -148,6 +148,12 @@ def storage_facts(data_dir: Path | str) -> dict[str, Any]:
     }
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def prometheus_counters(url: str, prefix: str = "") -> dict[str, float]:
     """Every sample of a Prometheus text endpoint whose name starts with ``prefix``.
 
