@@ -228,6 +228,11 @@ class _StoreCollector(Collector):
             direct,
         )
         yield GaugeMetricFamily("northguard_store_segments", "Segments in the store", total)
+        yield GaugeMetricFamily(
+            "northguard_store_unwritten_bytes",
+            "Acknowledged frame bytes waiting in memory (and in the WAL) for a write to their segment files",
+            self._store.unwritten_bytes(),
+        )
 
 
 class _CoordinatorCollector(Collector):

@@ -801,6 +801,11 @@ class FpsStore(SegmentStore):
     def cache_bytes(self) -> int:
         return self._cache.bytes
 
+    def unwritten_bytes(self) -> int:
+        """Acknowledged frame bytes waiting in memory (and in the WAL) for a write to their
+        segment files: memory the store holds, up to about ``unwritten_bytes_max``."""
+        return self._unwritten_bytes
+
     # -- segments --------------------------------------------------------------------------------
 
     def segment(self, segment_id: str) -> SegmentInfo:

@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 from store_faults import StoreFactory
 
 from backends.northguard.store import Entry, MemoryOffsetIndex, OffsetIndex, RocksOffsetIndex
-from backends.northguard.store.framing import HEADER_BYTES, FrameStatus, decode_frame, encode_frame
+from backends.northguard.store.framing import (
+    HEADER_BYTES,
+    FrameStatus,
+    decode_frame,
+    encode_frame,
+    frame_bytes_of,
+)
 from backends.northguard.store.offset_index import IndexPoint, SegmentEnd
 from backends.northguard.store.read_cache import ENTRY_OVERHEAD_BYTES, ReadCache
 
@@ -125,6 +131,19 @@ def test_read_cache_is_bounded_and_evicts_the_least_recently_used_segment_first(
     assert cache.read("c", 0, 1) is None and cache.bytes <= cache.bytes_max
     cache.drop("b")
     assert cache.read("b", 0, 1) is None
+
+
+async def test_unwritten_bytes_count_acknowledged_frames_until_a_write_takes_them(
+    open_fps: StoreFactory,
+) -> None:
+    store = await open_fps(checkpoint_ms=60_000)  # no timed checkpoint during the test
+    await store.create_segment("s1", 0)
+    assert store.unwritten_bytes() == 0
+    await store.append("s1", 0, 1, b"x" * 1000)
+    await store.append("s1", 1, 1, b"y" * 500)
+    assert store.unwritten_bytes() == frame_bytes_of("s1", 1000) + frame_bytes_of("s1", 500)
+    assert await store.checkpoint()
+    assert store.unwritten_bytes() == 0
 
 
 async def test_store_read_cache_serves_the_tail_within_its_bound(open_fps: StoreFactory) -> None:
