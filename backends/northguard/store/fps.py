@@ -275,11 +275,15 @@ def _fsync_all(files: list[SegmentFile], pool: ThreadPoolExecutor) -> list[Segme
 
 
 def _append_all(
-    writes: dict[SegmentFile, bytes], pool: ThreadPoolExecutor
+    writes: dict[SegmentFile, list[tuple[int, int, bytes]]], pool: ThreadPoolExecutor
 ) -> dict[SegmentFile, int | NoDescriptor]:
-    """Append to every file, side by side when several (an O_DIRECT write waits for the device):
-    where each write starts, or ``NoDescriptor`` for a file that could not be opened; any other
-    error is raised once all have finished."""
+    """Append each file's frames, side by side when several (an O_DIRECT write waits for the
+    device): where each write starts, or ``NoDescriptor`` for a file that could not be opened;
+    any other error is raised once all have finished.
+
+    Each file's frames are joined by the thread that writes them, just before: joined all at
+    once, a pass over 512 segments held a second copy of everything it wrote (up to
+    ``unwritten_bytes_max``) until its last write."""
     items = list(writes.items())
     outcomes: dict[SegmentFile, int | NoDescriptor] = {}
     for (file, _), outcome in zip(items, _side_by_side(_append_one, items, pool), strict=True):
@@ -296,9 +300,9 @@ def _pool(background: bool) -> ThreadPoolExecutor:
     return _BACKGROUND_POOL if background else _FSYNC_POOL
 
 
-def _append_one(write: tuple[SegmentFile, bytes]) -> int:
-    file, data = write
-    return file.append(data)
+def _append_one(write: tuple[SegmentFile, list[tuple[int, int, bytes]]]) -> int:
+    file, frames = write
+    return file.append(b"".join(frame for _, _, frame in frames))
 
 
 FLUSH_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, float("inf"))
@@ -1412,8 +1416,7 @@ class FpsStore(SegmentStore):
         """Append each segment's frames (side by side), then their index points; the new ends."""
         index = self._require_index()
         written = _append_all(
-            {segment.file: b"".join(f[2] for f in frames) for segment, frames in taken.values()},
-            _pool(background),
+            {segment.file: frames for segment, frames in taken.values()}, _pool(background)
         )
         outcomes: dict[str, int | NoDescriptor] = {}
         points: list[IndexPoint] = []
