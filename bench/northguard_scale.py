@@ -306,8 +306,10 @@ async def run(args: argparse.Namespace) -> tuple[Rounds, dict[str, Any]]:
             await warm.create_topic("warm", shard_ranges(8))
             producer = warm.producer("warm", ProducerOptions(linger_ms=LINGER_MS))
             await produce(producer, values, args.records // 4, args.batch, 8)
+            warmed = metrics(process)
             await producer.close()
             await warm.close()
+            await quiet(process, warmed)  # round 1's first width starts quiet too
             for number in range(args.rounds):
                 figures, width_facts = await throughput_round(number, process, values, args)
                 rounds.update(figures)
