@@ -89,7 +89,7 @@ LINGER_MS = 5.0
 QUIET_WAIT_S = 30.0
 RECORDS_PER_RUN = 4_000_000
 """Records per width run: 440 MB, several of the store's checkpoint cycles (one per second
-or per 64 MiB WAL file).  At 500,000 (55 MB, under one cycle) whether a run paid for a
+or per 192 MiB WAL file).  At 500,000 (55 MB, under one cycle) whether a run paid for a
 checkpoint and its segment writes depended on the runs around it: work a run left behind
 its last acknowledgement landed in the next run, whatever its width.  The 512/1 ratio of
 one round went from 0.58 to 0.83 with the order of the widths, and to 1.7 once that work

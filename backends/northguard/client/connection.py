@@ -20,7 +20,14 @@ broker's writes per turn): 0.5 ms cut the producer's CPU per run by 8-17%
 and the broker's by 20-28%, and the rate rose from 0.61-0.64x to
 0.77-0.79x of one range's; the p99 of ``bench/northguard.py``'s 10k
 records/s run stayed 8.7 ms (its sends are farther apart than the gap, so
-they leave at the end of their turn, as before).
+they leave at the end of their turn, as before).  At 0.5 ms the producer
+still wrote ~2,000 times a second, and on 2 shared cores each write's
+wake-up of the broker's event loop was a preemption of the producer: in
+``perf sched`` the producer was switched out runnable ~135 times a second
+for the broker's loop alone, 0.8-1.3 s of run-queue wait per 8 s run.  1 ms
+(2 ms and 4 ms were no better, within the spread): the 512-range rate's
+median over 9 interleaved runs of each rose from 0.50M to 0.59M records/s
+(0.5 ms against 2 ms, 12 runs each: 0.50M against 0.55M).
 
 **Writes are bounded** (``WRITE_BYTES_MAX``): the transport is handed at most
 that much at once, and only while what it holds is below it; the rest stays
@@ -86,7 +93,7 @@ WRITE_BUFFER_BYTES_MAX = 8 << 20
 WRITE_BYTES_MAX = 1 << 20
 """The most bytes handed to the transport in one write, and its high-water mark: more waits in
 the outbox (as frames, not copied) until the transport drains below a quarter of it."""
-WRITE_GAP_S = 0.0005
+WRITE_GAP_S = 0.001
 """The least time between two writes of a connection (frames wait at most this long, and only
 behind a write that left less than this before them)."""
 _STREAM_ID = struct.Struct("<I")

@@ -216,6 +216,19 @@ _BACKGROUND_POOL = ThreadPoolExecutor(
 timed checkpoints.  A seal, a delete, a close or a read that needs unwritten frames waits for
 its pass or checkpoint, which then runs at the caller's priority (``_FSYNC_POOL``)."""
 
+UNWRITTEN_BYTES_MAX = 192 * 1024 * 1024
+"""The default bound of acknowledged bytes held for their segment files, and of a WAL file (see
+``unwritten_bytes_max``).  At 64 MiB a producer writing 512 ranges at ~55 MB/s reached the
+bound about twice a second, and each time every range's ~70 KB went to its file: ~6,000
+O_DIRECT writes per 4M records, ~12 per range, each a pool hand-off, a device kick and a
+completion.  At 192 MiB the bound is not reached between two timed checkpoints (one a second,
+which write everything anyway): ~4,000, and the 512-range rate of ``bench/northguard_scale.py``
+rose ~12% (median of 9 interleaved runs each, 0.48M -> 0.54M records/s on 2 shared cores;
+the producer's run-queue wait, 0.9-1.4 s per run, fell to 0.5-1.0 s).  The price is memory
+(up to that much more held under such a load: broker RSS after a 512-range run 640-660 MB ->
+660-810 MB, same runs) and a crash's replay (up to one WAL file, ~0.2-0.5 s more at the disk's read
+rate); a clean stop checkpoints and replays nothing."""
+
 SYNC_ALL_FILES_MIN = 16
 """A checkpoint with this many dirty segment files syncs them in one call (``Disk.sync_all``,
 Linux's ``syncfs``) instead of an fsync each: its cost then does not grow with the number of
@@ -409,7 +422,7 @@ class FpsStore(SegmentStore):
         group_commit_bytes_max: int = 10 * 1024 * 1024,
         group_commit_records_max: int = 20_000,
         queue_bytes_max: int = 40 * 1024 * 1024,
-        wal_file_bytes_max: int = 64 * 1024 * 1024,
+        wal_file_bytes_max: int = UNWRITTEN_BYTES_MAX,
         index_interval_bytes: int = 64 * 1024,
         read_cache_bytes_max: int = 64 * 1024 * 1024,
         direct_io: bool = True,
@@ -418,7 +431,7 @@ class FpsStore(SegmentStore):
         checkpoint_ms: float = 1000.0,
         close_timeout_ms: float = 30_000.0,
         segment_write_bytes: int = 256 * 1024,
-        unwritten_bytes_max: int = 64 * 1024 * 1024,
+        unwritten_bytes_max: int = UNWRITTEN_BYTES_MAX,
     ) -> None:
         """``descriptors_max``: the bound of the segment file pool (None: derived from
         ``RLIMIT_NOFILE``; a bound not well under it raises ``ValueError`` here, at start).
