@@ -27,7 +27,9 @@ wake-up of the broker's event loop was a preemption of the producer: in
 for the broker's loop alone, 0.8-1.3 s of run-queue wait per 8 s run.  1 ms
 (2 ms and 4 ms were no better, within the spread): the 512-range rate's
 median over 9 interleaved runs of each rose from 0.50M to 0.59M records/s
-(0.5 ms against 2 ms, 12 runs each: 0.50M against 0.55M).
+(0.5 ms against 2 ms, 12 runs each: 0.50M against 0.55M).  Full runs of that
+bench the same hour did not show it above their spread (512/1 0.70-0.81
+against 0.73-0.75 before); ``bench/northguard.py``'s p50 rose 7.2 -> 7.5 ms.
 
 **Writes are bounded** (``WRITE_BYTES_MAX``): the transport is handed at most
 that much at once, and only while what it holds is below it; the rest stays

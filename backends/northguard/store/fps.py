@@ -227,7 +227,9 @@ rose ~12% (median of 9 interleaved runs each, 0.48M -> 0.54M records/s on 2 shar
 the producer's run-queue wait, 0.9-1.4 s per run, fell to 0.5-1.0 s).  The price is memory
 (up to that much more held under such a load: broker RSS after a 512-range run 640-660 MB ->
 660-810 MB, same runs) and a crash's replay (up to one WAL file, ~0.2-0.5 s more at the disk's read
-rate); a clean stop checkpoints and replays nothing."""
+rate); a clean stop checkpoints and replays nothing.  Full runs of the bench the same hour did not
+show the gain above their spread: there the base's rate was lower, and the timed checkpoints
+alone set its writes (4,096 per run)."""
 
 SYNC_ALL_FILES_MIN = 16
 """A checkpoint with this many dirty segment files syncs them in one call (``Disk.sync_all``,
