@@ -24,10 +24,11 @@ they leave at the end of their turn, as before).  At 0.5 ms the producer
 still wrote ~2,000 times a second, and on 2 shared cores each write's
 wake-up of the broker's event loop was a preemption of the producer: in
 ``perf sched`` the producer was switched out runnable ~135 times a second
-for the broker's loop alone, 0.8-1.3 s of run-queue wait per 8 s run.  1 ms
-(2 ms and 4 ms were no better, within the spread): the 512-range rate's
-median over 9 interleaved runs of each rose from 0.50M to 0.59M records/s
-(0.5 ms against 2 ms, 12 runs each: 0.50M against 0.55M).  Full runs of that
+for the broker's loop alone, 0.8-1.3 s of run-queue wait per 8 s run.  Two
+sets of interleaved runs of that workload, medians of the 512-range rate: 0.5
+ms against 2 ms, 12 runs each, 0.50M against 0.55M records/s; then 1, 2 and 4
+ms, 9 runs each, 0.59M, 0.54M and 0.55M.  1 ms: no gap tried did better
+within the spread, and a longer one adds more latency.  Full runs of that
 bench the same hour did not show it above their spread (512/1 0.70-0.81
 against 0.73-0.75 before); ``bench/northguard.py``'s p50 rose 7.2 -> 7.5 ms.
 
