@@ -423,9 +423,22 @@ def test_batch_write_through_the_sdk_producer_then_read_back_exactly(
     read = batch(spark, live, topics="sink")
     target = options(live, topic="resharded")
     read.write.format("xinfra").options(**target).mode("append").save()
-    # ... and asked to honour it, a keyed record outside its key's shard fails, naming the column.
+    # ... and asked to honour it, a keyed record outside its key's shard fails, naming the column
+    # (rows of shards 0 and 1 only: each row fails for one reason, whichever task runs first) ...
+    in_range = read.where("shard < 2")
+    assert [k for k in moved if shard_of_key(k, 3) < 2], (
+        "some keys of sink's shards 0 and 1 live in another shard of resharded"
+    )
     with pytest.raises(Exception, match="column 'shard' sends key"):
-        read.write.format("xinfra").options(**target, explicitShards="true").mode("append").save()
+        in_range.write.format("xinfra").options(**target, explicitShards="true").mode(
+            "append"
+        ).save()
+    # ... and a row naming a shard the topic does not have fails with ShardOutOfRange.
+    out_of_range = read.where("shard = 2 AND key IS NULL")
+    with pytest.raises(Exception, match="ShardOutOfRange"):
+        out_of_range.write.format("xinfra").options(**target, explicitShards="true").mode(
+            "append"
+        ).save()
     # (Tasks of whole rows in their key's shard may have written before the job failed.)
     landed = batch(spark, live, topics="resharded").collect()
     assert {bytes(r.value) for r in landed if r.key is not None} == {v for _, v, _, _ in keyed} | {
