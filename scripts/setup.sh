@@ -38,3 +38,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stam
   .venv/bin/python -m pip install -q -e '.[dev]'
   touch "$stamp"
 fi
+
+# Bytecode of the project's own modules, as an installed wheel has (pip compiles it): every
+# process, a broker's restart included, then imports them compiled.  An editable install has
+# none, and where PYTHONDONTWRITEBYTECODE is set (it is on the machines this runs on) each
+# process compiled them again: 0.1 s of a broker's 0.42 s of imports (measured).  Refreshed
+# here on every run; a module changed since imports correctly, only uncompiled.
+.venv/bin/python -m compileall -q xinfra backends metadata_service migration clients >/dev/null

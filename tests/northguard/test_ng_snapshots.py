@@ -21,6 +21,7 @@ from ng_harness import WAIT_S, broker_metrics, in_process_broker, wait_for
 
 from backends.northguard.batch import encode_batch
 from backends.northguard.broker.server import Broker, BrokerConfig
+from backends.northguard.broker.state import MetadataState, State
 from backends.northguard.client.admin import AdminClient
 from backends.northguard.launcher import start_northguard_broker
 from backends.northguard.runtime import RealRuntime
@@ -252,3 +253,37 @@ async def test_a_broker_process_takes_the_snapshot_settings_and_exports_the_metr
 def test_a_sealed_segments_bound_below_one_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="sealed_segments_max"):
         BrokerConfig(data_dir=tmp_path, sealed_segments_max=0)
+
+
+def test_a_snapshot_round_trips_and_shares_nothing_mutable_with_the_state() -> None:
+    """``to_json`` copies by hand (not ``asdict``): what a later op changes in the state, in a
+    list or a field, must not reach a snapshot already taken, nor a state built from one."""
+    state = MetadataState()
+    ops: list[dict[str, Any]] = [
+        {"op": "create_topic", "name": "t", "ranges": [[r.start, r.end] for r in shard_ranges(2)],
+         "policy": "default", "config": {"retention.ms": "1"}, "created_ms": 1},
+        {"op": "open_segment", "range_id": 1, "segment_id": "r1-1", "start_offset": 0,
+         "replicas": ["a", "b"], "created_ms": 2},
+        {"op": "seal_segment", "segment_id": "r1-1", "end_offset": 5, "sealed_ms": 3},
+        {"op": "open_segment", "range_id": 1, "segment_id": "r1-2", "start_offset": 5,
+         "replicas": ["a"], "created_ms": 4},
+    ]  # fmt: skip
+    for seq, op in enumerate(ops, start=1):
+        state.apply({**op, "seq": seq})
+    snapshot = state.to_json()
+    text = json.dumps(snapshot)
+    rebuilt = MetadataState.from_json(json.loads(text))
+    assert rebuilt == state
+    assert rebuilt.segments["r1-1"].state is State.SEALED
+    assert rebuilt.ranges[2].end == state.ranges[2].end > 2**53  # exact, through a string
+
+    state.apply({"op": "seal_segment", "segment_id": "r1-2", "end_offset": 9, "sealed_ms": 5,
+                 "replicas": ["b"], "seq": 5})  # fmt: skip
+    state.ranges[1].children.append(7)
+    state.topics["t"].config["retention.ms"] = "2"
+    assert json.dumps(snapshot) == text, "the snapshot taken before did not change"
+    assert MetadataState.from_json(json.loads(text)) == rebuilt
+    from_objects = MetadataState.from_json(state.to_json())  # in process, no JSON text between
+    assert from_objects == state
+    state.segments["r1-1"].replicas.append("c")
+    assert from_objects.segments["r1-1"].replicas == ["a", "b"]

@@ -70,6 +70,10 @@ async def _serve(config: BrokerConfig) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop_requested.set)
     started_s = time.monotonic()
+    # A start builds what lives as long as the process (every range's and segment's metadata,
+    # twice: parsed, then as objects): the collector would only scan it again and again, 0.22 s
+    # of a 0.79 s start at 24,576 segments (measured).  Once that is frozen, below, it runs again.
+    gc.disable()
     await broker.start()
     start_s = time.monotonic() - started_s
     Gauge(
@@ -87,6 +91,7 @@ async def _serve(config: BrokerConfig) -> None:
     # writes to 4,096 new ranges (measured with gc.callbacks).  Young collections that rare
     # still find the short-lived cycles; the full scans become rare.
     gc.set_threshold(*GC_THRESHOLDS)
+    gc.enable()
     print(
         f"northguard broker {config.broker_id} ready on {config.host}:{broker.port} "
         f"({'TLS' if broker.tls else 'plaintext'}) "
