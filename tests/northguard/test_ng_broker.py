@@ -10,6 +10,7 @@ from ng_harness import backend_for, in_process_broker, read_until, wait_for
 
 from backends.northguard import protocol
 from backends.northguard.batch import encode_batch
+from backends.northguard.broker.journal import FileJournal
 from backends.northguard.client.admin import AdminClient
 from backends.northguard.client.connection import ClientConnection
 from backends.northguard.client.produce_stream import ProduceStream
@@ -266,6 +267,19 @@ async def test_the_metadata_journal_compacts_into_a_snapshot(
     assert len((await admin.topic("t11")).ranges) == 3
     await admin.close()
     await broker.stop()
+
+
+async def test_a_snapshot_larger_than_any_op_is_read_back(tmp_path: Path) -> None:
+    """A snapshot grows with the metadata (~390 B per range and segment): the journal once read
+    one over 64 MiB as damaged, and a broker with that much history could not start."""
+    journal = FileJournal(RealRuntime(), tmp_path)
+    journal.load()
+    state = {"applied_seq": 1, "padding": "x" * ((64 << 20) + 1)}
+    journal.write_snapshot_file(state)
+    await journal.install_snapshot(1)
+    journal.close()
+    snapshot, ops = FileJournal(RealRuntime(), tmp_path).load()
+    assert snapshot == state and ops == []
 
 
 async def test_a_cancelled_delete_holds_the_topic_until_its_op_is_decided(tmp_path: Path) -> None:

@@ -90,6 +90,30 @@ async def test_requests_are_answered_while_a_large_snapshot_is_built(tmp_path: P
         await broker.stop()
 
 
+async def test_snapshots_built_one_after_another_hold_every_op(tmp_path: Path) -> None:
+    """After the first, a build brings the last build's state forward instead of reading the
+    disk: three of them in a row, then a restart from the last, lose and repeat nothing."""
+    broker = await in_process_broker(tmp_path / "data", snapshot_ops_max=100, maintenance_s=3600)
+    coordinator = broker.coordinator
+    try:
+        await coordinator.create_topic("t", shard_ranges(40), {})
+        round_ = 0
+        while coordinator.snapshots < 3:  # 80 ops a round
+            assert round_ < 60, f"only {coordinator.snapshots} snapshots in {round_} rounds"
+            await _write_and_seal_all(broker, "t", b"%d" % round_)
+            round_ += 1
+        await coordinator.create_topic("later", shard_ranges(2), {})
+        await coordinator.delete_topic("later")
+        expected = _as_json(coordinator.state.to_json())
+    finally:
+        await broker.stop()
+    broker = await in_process_broker(tmp_path / "data", maintenance_s=3600)
+    try:
+        assert _as_json(broker.coordinator.state.to_json()) == expected
+    finally:
+        await broker.stop()
+
+
 _CRASHING_BROKER = """
 import asyncio, json, os, signal, sys, threading
 from pathlib import Path

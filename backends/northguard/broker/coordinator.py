@@ -210,6 +210,7 @@ class Coordinator:
         self._committer: asyncio.Task[None] | None = None
         self._ops_since_snapshot: list[dict[str, Any]] = []
         self._snapshotter: asyncio.Task[None] | None = None
+        self._snapshot_base: MetadataState | None = None  # see ``_build_snapshot``
         self.snapshots = 0
         self.snapshot_bytes = 0
         self.snapshot_build_s = 0.0
@@ -637,9 +638,21 @@ class Coordinator:
         )
 
     def _build_snapshot(self, ops: list[dict[str, Any]]) -> int:
-        """In a worker thread: touches only the snapshot on disk and ``ops`` (never mutated)."""
-        base = self._journal.read_snapshot()
-        state = MetadataState.from_json(base) if base else MetadataState()
+        """In a worker thread: touches only ``ops`` (never mutated), the state of the last build
+        (``_snapshot_base``, its own) or else the snapshot on disk.
+
+        The last build's state is kept and brought forward by the ops since
+        (``apply`` skips those it holds): reading and parsing the snapshot it
+        wrote was half of a build's CPU (0.33 s of 0.67 s at 24,576 ranges and
+        segments, measured), all of it in the thread that shares the GIL with
+        the event loop.  It costs a second copy of the metadata in memory
+        (12 MB there).  A build that fails midway drops it; the next reads
+        the disk.
+        """
+        state, self._snapshot_base = self._snapshot_base, None
+        if state is None:
+            base = self._journal.read_snapshot()
+            state = MetadataState.from_json(base) if base else MetadataState()
         for op in ops:
             state.apply(op)
         hook = self.snapshot_hook
@@ -648,6 +661,7 @@ class Coordinator:
         size = self._journal.write_snapshot_file(state.to_json())
         if hook is not None:
             hook("written")
+        self._snapshot_base = state
         return size
 
     # -- segments (called by range logs) -----------------------------------------------------------

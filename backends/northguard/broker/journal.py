@@ -21,19 +21,21 @@ guessed.
 from __future__ import annotations
 
 import asyncio
-import json
 import struct
 from pathlib import Path
 from typing import Any
 
 import crc32c
+import orjson
 
 from backends.northguard.runtime import File, Runtime
 from backends.northguard.store.sync_count import CountingDisk, SyncCount
 from xinfra.errors import CorruptData
 
 _RECORD = struct.Struct("<II")
-OP_BYTES_MAX = 1 << 20
+OP_BYTES_MAX = 64 << 20
+"""A longer record in the log is a torn or corrupt length, not an op (the largest, a delete of
+every sealed segment of a topic, is ~12 B per segment)."""
 JOURNAL_OPS_MAX = 10_000
 """Ops in the log before the coordinator writes a snapshot and empties it."""
 
@@ -89,7 +91,7 @@ class FileJournal:
             data = file.pread(file.size(), 0)
         finally:
             file.close()
-        records, good = _parse(data)
+        records, good = _parse(data, record_bytes_max=len(data))  # one record, the whole file
         if len(records) != 1 or good != len(data):
             raise CorruptData(f"metadata snapshot {self._snapshot_path} is damaged")
         self.snapshot_bytes = len(data)
@@ -163,7 +165,9 @@ class FileJournal:
 
 
 def _encode(payload: dict[str, Any]) -> bytes:
-    body = json.dumps(payload, separators=(",", ":")).encode()
+    """orjson: a snapshot of 24,576 ranges and segments (9.5 MB) in 0.02 s, against 0.13 s
+    with ``json`` (measured), in the thread that shares the GIL with the event loop."""
+    body = orjson.dumps(payload)
     return _RECORD.pack(len(body), crc32c.crc32c(body)) + body
 
 
@@ -172,15 +176,20 @@ def _write_sync(file: File, record: bytes, position: int) -> None:
     file.fsync()
 
 
-def _parse(data: bytes) -> tuple[list[dict[str, Any]], int]:
-    """Whole good records from the start and the byte count they span."""
+def _parse(data: bytes, record_bytes_max: int = OP_BYTES_MAX) -> tuple[list[dict[str, Any]], int]:
+    """Whole good records from the start and the byte count they span.
+
+    A length over ``record_bytes_max`` ends them like a bad CRC.  A snapshot is one
+    record as large as its file: it grows with the metadata (390 B per range
+    and segment), and a bound on it would leave a broker with a long history
+    unable to start."""
     records: list[dict[str, Any]] = []
     position = 0
     while len(data) - position >= _RECORD.size:
         length, crc = _RECORD.unpack_from(data, position)
         body = data[position + _RECORD.size : position + _RECORD.size + length]
-        if length > OP_BYTES_MAX * 64 or len(body) < length or crc32c.crc32c(body) != crc:
+        if length > record_bytes_max or len(body) < length or crc32c.crc32c(body) != crc:
             break
-        records.append(json.loads(body))
+        records.append(orjson.loads(body))
         position += _RECORD.size + length
     return records, position
