@@ -92,7 +92,7 @@ async def test_snapshots_are_built_off_the_loop_and_a_restart_loads_them(tmp_pat
 
 
 async def test_a_range_keeps_at_most_sealed_segments_max(tmp_path: Path) -> None:
-    broker = await in_process_broker(tmp_path / "data")
+    broker = await in_process_broker(tmp_path / "data", maintenance_s=3600)  # passes run here
     coordinator = broker.coordinator
     try:
         await coordinator.create_topic("few", shard_ranges(1), {})
@@ -146,5 +146,42 @@ async def test_an_op_queued_behind_a_seal_in_one_journal_write_sees_the_seal(
         with pytest.raises(Sealed):
             await open_segment.done
         assert "late" not in coordinator.state.segments
+    finally:
+        await broker.stop()
+
+
+async def test_maintenance_finds_what_comes_due_after_a_pass_that_found_nothing(
+    tmp_path: Path,
+) -> None:
+    """A pass looks at every range only when something can be due: a segment opened after a
+    pass that found nothing active must still age out, and one sealed after a pass that found
+    nothing sealed must still expire.  The passes run here, one per poll."""
+    broker = await in_process_broker(tmp_path / "data", segment_age_s_max=0.3, maintenance_s=3600)
+    coordinator = broker.coordinator
+    try:
+        await coordinator.create_topic("aging", shard_ranges(1), {})
+        await coordinator.create_topic("expiring", shard_ranges(1), {"retention.ms": "1"})
+        (aging,) = coordinator.topic("aging").ranges
+        (expiring,) = coordinator.topic("expiring").ranges
+        await coordinator.maintain()  # nothing active, nothing sealed: nothing due yet
+
+        await _write(broker, "aging", aging, b"a")
+
+        async def aged() -> bool:
+            await coordinator.maintain()
+            (sid,) = coordinator.state.ranges[aging].segments
+            return coordinator.state.segments[sid].state is State.SEALED
+
+        await wait_for(aged, "a segment opened after that pass to age out")
+
+        await _write(broker, "expiring", expiring, b"e")
+        await coordinator.logs[expiring].seal_active()
+
+        async def expired() -> bool:
+            await coordinator.maintain()
+            return not coordinator.state.ranges[expiring].segments
+
+        await wait_for(expired, "a segment sealed after that pass to expire")
+        assert coordinator.state.ranges[expiring].start_offset == 1
     finally:
         await broker.stop()

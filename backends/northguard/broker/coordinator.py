@@ -237,6 +237,8 @@ class Coordinator:
         self._orphans_seen: dict[str, set[str]] = {}  # by broker: orphans of the last scan
         self._orphan_scan: asyncio.Task[None] | None = None
         self._orphan_scanned_s = 0.0
+        self._aging_due_ms = 0.0  # wall ms of the next look for aged segments (``_seal_aged``)
+        self._retention_due_ms = 0  # and for expired ones (``_apply_retention``); 0: next pass
         self.orphans_deleted = 0
         self._load_cache: dict[str, list[int]] | None = None
         self._load_cached_s = 0.0
@@ -577,6 +579,8 @@ class Coordinator:
                         log.exception("applying %s failed", pending.op["op"])
                         pending.done.set_exception(error)
                         continue
+                    if pending.op["op"] in _SEALING_OPS:
+                        self._retention_due_ms = 0  # a new candidate: the next pass looks
                     self._ops_since_snapshot.append(pending.op)
                     pending.done.set_result(None)
                 self._apply_recorded(recorded)
@@ -1620,16 +1624,60 @@ class Coordinator:
             self._orphan_scanned_s = now_s
             self._orphan_scan = self._spawn(self._collect_orphans())
         now_ms = self._runtime.wall_ms()
+        if now_ms >= self._aging_due_ms:
+            self._aging_due_ms = await self._seal_aged(now_ms)
+        if now_ms >= self._retention_due_ms:
+            self._retention_due_ms = _NEVER_MS  # a seal applied during the pass sets it to 0
+            try:
+                due = await self._apply_retention(now_ms)
+            except BaseException:
+                self._retention_due_ms = 0  # the next pass tries again
+                raise
+            self._retention_due_ms = min(self._retention_due_ms, due)
+
+    async def _seal_aged(self, now_ms: int) -> float:
+        """Seal the active segments past ``segment_age_s_max``; return when the next can be due.
+
+        Every range is looked at only then (the earliest creation time among
+        the active segments left, plus the age limit; a segment opened later
+        is due later still), not every second: at 24,576 ranges a look at all
+        of them took 20 ms of the event loop (measured).  A pass that sealed
+        anything looks again at the next one, as a refused seal must be retried.
+        """
         age_ms_max = self.config.segment_age_s_max * 1000
+        due = now_ms + age_ms_max
         for range_log in list(self.logs.values()):
-            if range_log.active is not None and now_ms - range_log.active_created_ms >= age_ms_max:
+            if range_log.active is None:
+                continue
+            if now_ms - range_log.active_created_ms >= age_ms_max:
                 await range_log.seal_active()
+                due = now_ms
+            else:
+                due = min(due, range_log.active_created_ms + age_ms_max)
         for unbuilt in list(self.state.ranges.values()):  # active segments a restart left so
             if unbuilt.range_id in self.logs or not unbuilt.segments:
                 continue
             last = self.state.segments[unbuilt.segments[-1]]
-            if last.state is State.ACTIVE and now_ms - last.created_ms >= age_ms_max:
+            if last.state is not State.ACTIVE:
+                continue
+            if now_ms - last.created_ms >= age_ms_max:
                 await self.logs[unbuilt.range_id].seal_active()  # builds the log, then seals
+                due = now_ms
+            else:
+                due = min(due, last.created_ms + age_ms_max)
+        return due
+
+    async def _apply_retention(self, now_ms: int) -> int:
+        """Delete the sealed segments past their topic's retention or ``sealed_segments_max``;
+        return when the next sealed segment expires.
+
+        Sealing is what makes a segment a candidate: an applied op that seals
+        one asks for a pass at once (``_retention_due_ms``), and between seals
+        the ranges are looked at only when the oldest sealed segment expires
+        (17 ms of the event loop at 24,576 ranges, measured).  A pass that
+        deleted anything, or could not, looks again at the next one.
+        """
+        due = _NEVER_MS
         for topic in list(self.state.topics.values()):
             retention_ms = self._policy(topic).retention_ms
             for rid in list(topic.ranges):
@@ -1645,9 +1693,11 @@ class Coordinator:
                     if segment.state is not State.SEALED or segment.sealed_ms is None:
                         break
                     if now_ms - segment.sealed_ms < retention_ms and len(doomed) >= excess:
+                        due = min(due, segment.sealed_ms + retention_ms)
                         break
                     doomed.append(sid)
                 if doomed and self.state.topics.get(topic.name) is topic:
+                    due = now_ms
 
                     def still_there(rid: int = rid, first: str = doomed[0]) -> None:
                         # a topic deleted while this op waited for the journal takes its segments
@@ -1665,6 +1715,12 @@ class Coordinator:
                         continue
                     for sid in doomed:
                         await self._delete_everywhere([sid], holders[sid])
+        return due
+
+
+_SEALING_OPS = frozenset({"seal_segment", "seal_topic", "split_range", "merge_ranges"})
+"""Ops that seal segments: what makes a segment a candidate for retention."""
+_NEVER_MS = 1 << 62
 
 
 class _RangeLogs(dict[int, RangeLog]):
