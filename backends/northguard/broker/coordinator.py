@@ -78,7 +78,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -1646,26 +1646,28 @@ class Coordinator:
         """
         age_ms_max = self.config.segment_age_s_max * 1000
         due = now_ms + age_ms_max
-        for range_log in list(self.logs.values()):
-            if range_log.active is None:
+        for created_ms, range_id, range_log in self._active_segments():
+            if now_ms - created_ms < age_ms_max:
+                due = min(due, created_ms + age_ms_max)
                 continue
-            if now_ms - range_log.active_created_ms >= age_ms_max:
-                await range_log.seal_active()
-                due = now_ms
-            else:
-                due = min(due, range_log.active_created_ms + age_ms_max)
-        for unbuilt in list(self.state.ranges.values()):  # active segments a restart left so
-            if unbuilt.range_id in self.logs or not unbuilt.segments:
-                continue
-            last = self.state.segments[unbuilt.segments[-1]]
-            if last.state is not State.ACTIVE:
-                continue
-            if now_ms - last.created_ms >= age_ms_max:
-                await self.logs[unbuilt.range_id].seal_active()  # builds the log, then seals
-                due = now_ms
-            else:
-                due = min(due, last.created_ms + age_ms_max)
+            if range_log is None:
+                range_log = self.logs[range_id]  # builds the log a restart left unbuilt
+            await range_log.seal_active()
+            due = now_ms
         return due
+
+    def _active_segments(self) -> Iterator[tuple[float, int, RangeLog | None]]:
+        """(creation time, range id, its log) of each active segment: those of the built range
+        logs, then those a restart left unbuilt (no log yet), listed once the first are done."""
+        for range_log in list(self.logs.values()):
+            if range_log.active is not None:
+                yield range_log.active_created_ms, range_log.meta.range_id, range_log
+        for meta in list(self.state.ranges.values()):
+            if meta.range_id in self.logs or not meta.segments:
+                continue
+            last = self.state.segments[meta.segments[-1]]
+            if last.state is State.ACTIVE:
+                yield last.created_ms, meta.range_id, None
 
     async def _apply_retention(self, now_ms: int) -> int:
         """Delete the sealed segments past their topic's retention or ``sealed_segments_max``;
