@@ -44,6 +44,8 @@ import json
 import struct
 from typing import Any, NamedTuple
 
+import orjson
+
 from xinfra.errors import ProtocolError, UnsupportedVersion, XinfraError
 
 PROTOCOL_VERSION = 1
@@ -199,8 +201,17 @@ def frame(kind: MsgType, *parts: bytes) -> bytes:
 
 
 def encode_json(kind: MsgType, ident: int, payload: dict[str, Any]) -> bytes:
-    """A control frame: ``ident`` (correlation or stream id) then a JSON object."""
-    return frame(kind, _U32.pack(ident), json.dumps(payload, separators=(",", ":")).encode())
+    """A control frame: ``ident`` (correlation or stream id) then a JSON object.
+
+    orjson: a stream's open and its answer cost 8 and 5 us in ``json`` here against 0.4 each,
+    and a first write to 4,096 new ranges makes 4,096 of each.  What orjson refuses goes
+    through ``json``; integers past 64 bits never should (``decode_json`` would read them as
+    floats): send them as strings, as ``KeyRange.to_json`` does."""
+    try:
+        text = orjson.dumps(payload, option=orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError:
+        text = json.dumps(payload, separators=(",", ":")).encode()
+    return frame(kind, _U32.pack(ident), text)
 
 
 def decode_json(body: bytes) -> tuple[int, dict[str, Any]]:
@@ -210,9 +221,12 @@ def decode_json(body: bytes) -> tuple[int, dict[str, Any]]:
         raise ProtocolError(f"control message exceeds {JSON_BYTES_MAX} bytes")
     (ident,) = _U32.unpack_from(body)
     try:
-        payload = json.loads(body[4:])
-    except (ValueError, RecursionError) as error:
-        raise ProtocolError(f"control message is not JSON: {error}") from error
+        payload = orjson.loads(body[4:])
+    except orjson.JSONDecodeError:
+        try:  # what orjson refuses and ``json`` reads: integers past 64 bits, NaN
+            payload = json.loads(body[4:])
+        except (ValueError, RecursionError) as error:
+            raise ProtocolError(f"control message is not JSON: {error}") from error
     if not isinstance(payload, dict):
         raise ProtocolError("control message is not a JSON object")
     return ident, payload

@@ -109,3 +109,24 @@ async def test_the_end_of_the_stream_is_no_frames(peer: Peer) -> None:
     assert len(await asyncio.wait_for(reader.frames(), WAIT_S)) == 1
     peer.server_end.close()
     assert await asyncio.wait_for(reader.frames(), WAIT_S) == []
+
+
+def test_a_control_frame_carries_its_json_object_exactly() -> None:
+    """Control frames are encoded by orjson, with the standard library for what it refuses."""
+    payload = {
+        "op": "lead_segment",
+        "range": {"start": "0", "end": str(1 << 64)},  # 2**64 travels as a string
+        "offset": (1 << 64) - 1,
+        "name": "tópico ☃",
+        "replicas": ["1", "2"],
+        "config": {},
+        "ratio": 0.25,
+        "sealed": None,
+        "flag": True,
+    }
+    frame = protocol.encode_json(MsgType.REQUEST, 7, payload)
+    assert protocol.decode_json(frame[protocol.PREFIX_BYTES :]) == (7, payload)
+    too_wide = protocol.encode_json(MsgType.REQUEST, 8, {"n": 1 << 70})  # orjson refuses it
+    assert too_wide.endswith(b'{"n":%d}' % (1 << 70))
+    with pytest.raises(ProtocolError, match="not JSON"):
+        protocol.decode_json(b"\x00\x00\x00\x00{nope")

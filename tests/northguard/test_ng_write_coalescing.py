@@ -1,5 +1,5 @@
 """Frames leave a connection together: a broker's Acks of one group commit in one socket write,
-and a client's frames at least ``WRITE_GAP_S`` after its last write.
+and a client's frames at least ``WRITE_GAP_S`` after its last write, or during a long turn.
 
 A producer writing many ranges gets one Ack per range per group commit; a
 write each was a system call on the broker and a wake-up of the client per
@@ -11,6 +11,9 @@ after a recent write, but never adds it to a frame sent after a pause.
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,12 @@ from ng_harness import WAIT_S, backend_for, in_process_broker
 from backends.northguard import protocol
 from backends.northguard.broker.server import Broker
 from backends.northguard.client import connection as client_connection
-from backends.northguard.client.connection import WRITE_BYTES_MAX, ClientConnection
+from backends.northguard.client.connection import (
+    LONG_TURN_BYTES,
+    LONG_TURN_S,
+    WRITE_BYTES_MAX,
+    ClientConnection,
+)
 from backends.northguard.protocol import MsgType
 from backends.northguard.runtime import RealRuntime
 from xinfra.backend import ProducerOptions
@@ -95,3 +103,44 @@ async def _a_frame_waits_only_behind_a_recent_write(tmp_path: Path) -> None:
             await connection.close()
     finally:
         await broker.stop()
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_long_turn_writes_its_frames_before_it_ends(loop: str) -> None:
+    """A producer's first write to 4,096 new ranges queues every stream's open and first batch
+    in one turn of ~0.2 s; written at its end, the broker sat idle through it."""
+    run = uvloop.run if loop == "uvloop" else asyncio.run
+    run(_a_long_turn_writes_its_frames_before_it_ends())
+
+
+async def _a_long_turn_writes_its_frames_before_it_ends() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    received = threading.Event()
+
+    def read_until_a_long_turns_worth() -> None:
+        peer, _ = listener.accept()
+        with peer:
+            got = 0
+            while got < LONG_TURN_BYTES and (chunk := peer.recv(1 << 16)):
+                got += len(chunk)
+            received.set()
+            while peer.recv(1 << 16):  # until the client closes
+                pass
+
+    reader = threading.Thread(target=read_until_a_long_turns_worth, daemon=True)
+    reader.start()
+    connection = await ClientConnection.open(
+        RealRuntime(), f"127.0.0.1:{listener.getsockname()[1]}", WAIT_S
+    )
+    try:
+        frame = protocol.encode_json(MsgType.REQUEST, 1, {"op": "ping", "pad": "x" * 1000})
+        started, queued = time.monotonic(), 0
+        while queued < 2 * LONG_TURN_BYTES or time.monotonic() - started < 2 * LONG_TURN_S:
+            connection.send(frame)  # one turn: nothing here yields to the event loop
+            queued += len(frame)
+        # Still in that turn: the peer has them only if they were written before its end.
+        assert received.wait(WAIT_S), "a long turn's frames waited for the end of the turn"
+    finally:
+        await connection.close()
+        listener.close()
+        reader.join(WAIT_S)

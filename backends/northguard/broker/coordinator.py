@@ -494,14 +494,13 @@ class Coordinator:
         (a range still active) may have changed while it awaited the store,
         and an op the state cannot apply must never reach the journal.
         """
-        pending = _PendingOp(op, precondition, asyncio.get_running_loop().create_future())
+        pending = _PendingOp(op, precondition, _Decision())
         self._queue_ops([pending])
         await _decided(pending.done)
 
     async def _commit_many(self, ops: list[dict[str, Any]]) -> None:
         """Decide every op of ``ops`` (in one journal write when nothing else is in flight)."""
-        loop = asyncio.get_running_loop()
-        pending = [_PendingOp(op, None, loop.create_future()) for op in ops]
+        pending = [_PendingOp(op, None, _Decision()) for op in ops]
         self._queue_ops(pending)
         for item in pending:
             await _decided(item.done)
@@ -1737,31 +1736,38 @@ class _RangeLogs(dict[int, RangeLog]):
         return self._build(range_id)  # stores it; KeyError for a range that does not exist
 
 
+class _Decision(asyncio.Future[None]):
+    """Whether a queued op was written and applied: a future its waiter's cancellation cannot
+    cancel.  ``Task.cancel`` then leaves the task waiting and delivers the cancellation when
+    the op is decided (``_decided``)."""
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        return False
+
+
 @dataclass(eq=False)
 class _PendingOp:
     op: dict[str, Any]
     precondition: Callable[[], None] | None
-    done: asyncio.Future[None]
+    done: _Decision
 
 
-async def _decided(done: asyncio.Future[None]) -> None:
+async def _decided(done: _Decision) -> None:
     """Wait until a queued op is written and applied (or refused), even if the caller is cancelled.
 
     A request cancelled by its client must not release the locks it holds
     (the topic lock) while its op is still queued: the next request would
     decide against a state that this op is about to change (two deletes of
-    one topic).  The cancellation is delivered once the op is decided.
+    one topic).  The cancellation is delivered once the op is decided.  An
+    awaited future, not ``asyncio.wait``: a roll waits for one op, and a
+    first write to 4,096 new ranges makes 4,096 rolls at once.
     """
-    cancelled = False
-    while not done.done():
-        try:
-            await asyncio.wait([done])
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled:
-        done.exception()  # retrieved: the cancellation wins over the op's own error
-        raise asyncio.CancelledError
-    done.result()
+    try:
+        await done
+    except asyncio.CancelledError:
+        if done.done():
+            done.exception()  # retrieved: the cancellation wins over the op's own error
+        raise
 
 
 @contextlib.asynccontextmanager

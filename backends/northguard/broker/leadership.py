@@ -178,8 +178,8 @@ def lead_payload(coordinator: Coordinator, meta: RangeMeta, segment_id: str) -> 
         },
         "range": {
             "range_id": meta.range_id,
-            "start": meta.start,
-            "end": meta.end,
+            "start": str(meta.start),  # 2**64 does not fit a JSON number safely
+            "end": str(meta.end),
             "created_ms": meta.created_ms,
             "start_offset": meta.start_offset,
             "parents": meta.parents,

@@ -99,6 +99,11 @@ the outbox (as frames, not copied) until the transport drains below a quarter of
 WRITE_GAP_S = 0.001
 """The least time between two writes of a connection (frames wait at most this long, and only
 behind a write that left less than this before them)."""
+LONG_TURN_S = 0.005
+LONG_TURN_BYTES = 64 << 10
+"""A turn that has queued ``LONG_TURN_BYTES`` over more than ``LONG_TURN_S`` writes them then,
+not at its end: a producer's first write to 4,096 new ranges queues every stream's open and
+first batch in one turn of ~0.2 s, and the broker sat idle through it."""
 _STREAM_ID = struct.Struct("<I")
 _STREAM_FRAMES = frozenset(
     (
@@ -156,6 +161,7 @@ class ClientConnection:
         self._write_due: asyncio.Handle | None = None  # writes the outbox: end of turn, or gap
         self._write_waits = False  # ``_write_due`` is the gap's timer (uvloop's is no TimerHandle)
         self._last_write_s = float("-inf")  # the loop's clock at the last write
+        self._queued_since_s = 0.0  # ``time.monotonic()`` when the outbox's oldest frame came
         self._writing: asyncio.Task[None] | None = None  # waits for the transport to drain
         self._loop = asyncio.get_running_loop()
         writer.transport.set_write_buffer_limits(high=WRITE_BYTES_MAX)
@@ -288,23 +294,28 @@ class ClientConnection:
     def send(self, data: bytes) -> None:
         """Queue one frame; it is written, in order, with the others queued by then: at the end of
         the turn, or ``WRITE_GAP_S`` after the last write if that is later (at once past
-        ``WRITE_BYTES_MAX`` bytes)."""
+        ``WRITE_BYTES_MAX`` bytes; at once in a turn past ``LONG_TURN_S``)."""
         if self.failure is not None:
             raise self.failure
         self._outbox.append(data)
         self._outbox_bytes += len(data)
         due = self._write_due
         if due is None:
+            self._queued_since_s = time.monotonic()
             delay_s = self._last_write_s + WRITE_GAP_S - self._loop.time()
             self._write_waits = delay_s > 0
             if self._write_waits:
                 self._write_due = self._loop.call_later(delay_s, self._on_write_due)
             else:
                 self._write_due = self._loop.call_soon(self._on_write_due)
-        elif self._write_waits and self._outbox_bytes >= WRITE_BYTES_MAX:
-            due.cancel()
-            self._write_waits = False
-            self._write_due = self._loop.call_soon(self._on_write_due)
+        elif self._outbox_bytes >= LONG_TURN_BYTES:
+            if time.monotonic() - self._queued_since_s >= LONG_TURN_S:  # a long turn: now
+                due.cancel()
+                self._on_write_due()
+            elif self._write_waits and self._outbox_bytes >= WRITE_BYTES_MAX:
+                due.cancel()
+                self._write_waits = False
+                self._write_due = self._loop.call_soon(self._on_write_due)
 
     def _on_write_due(self) -> None:
         self._write_due = None
