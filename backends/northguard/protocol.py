@@ -223,7 +223,7 @@ def decode_json(body: bytes) -> tuple[int, dict[str, Any]]:
     try:
         payload = orjson.loads(body[4:])
     except orjson.JSONDecodeError:
-        try:  # what orjson refuses and ``json`` reads: integers past 64 bits, NaN
+        try:  # what orjson refuses and ``json`` reads (and writes): NaN, Infinity
             payload = json.loads(body[4:])
         except (ValueError, RecursionError) as error:
             raise ProtocolError(f"control message is not JSON: {error}") from error
