@@ -6,11 +6,10 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from ng_harness import WAIT_S, backend_for, in_process_broker, read_until, wait_for
+from ng_harness import backend_for, in_process_broker, read_until, wait_for
 
 from backends.northguard import protocol
 from backends.northguard.batch import encode_batch
-from backends.northguard.broker.connection import DISPATCH_FRAMES_MAX
 from backends.northguard.broker.journal import FileJournal
 from backends.northguard.client.admin import AdminClient
 from backends.northguard.client.connection import ClientConnection
@@ -302,37 +301,3 @@ async def test_a_cancelled_delete_holds_the_topic_until_its_op_is_decided(tmp_pa
     await coordinator.create_topic("t", shard_ranges(1), {})  # the state machine is whole
     assert coordinator.list_topics() == ["t"]
     await broker.stop()
-
-
-async def test_a_connection_hands_the_event_loop_back_between_slices_of_frames(
-    tmp_path: Path,
-) -> None:
-    """A producer's first write to 4,096 new ranges arrived in reads of up to 3,800 frames; each
-    handled in one step of 0.1 s, the segment rolls, the journal and every other connection
-    waited through it."""
-    broker = await in_process_broker(tmp_path)
-    _, writer = await asyncio.open_connection("127.0.0.1", broker.port)
-    try:
-        await broker.coordinator.create_topic("t", shard_ranges(1), {})
-        (range_id,) = broker.coordinator.state.ranges
-        while not broker._connections:  # until the broker runs the connection
-            await asyncio.sleep(0)
-        (connection,) = broker._connections
-        opens = 2 * DISPATCH_FRAMES_MAX
-        payload = {"topic": "t", "range_id": range_id, "window_bytes": 1 << 20}
-        frames = b"".join(
-            protocol.encode_json(MsgType.PRODUCE_OPEN, stream, {**payload, "producer_id": stream})
-            for stream in range(1, opens + 1)
-        )
-        seen: list[int] = []
-        connection._reader.feed_data(frames)  # one read holding them all
-        # Runs right after the connection's first step, however many frames that step took.
-        asyncio.get_running_loop().call_soon(lambda: seen.append(len(connection._producers)))
-        deadline = asyncio.get_running_loop().time() + WAIT_S
-        while len(connection._producers) < opens:
-            assert asyncio.get_running_loop().time() < deadline, "the opens were not handled"
-            await asyncio.sleep(0)
-        assert seen == [DISPATCH_FRAMES_MAX]
-    finally:
-        writer.close()
-        await broker.stop()

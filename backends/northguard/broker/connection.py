@@ -29,8 +29,7 @@ client each, about 5,000 of them a second for one producer writing 512
 ranges (``northguard_writes`` counts the writes, ``northguard_acks`` the
 Acks).
 
-Bounds: ``DISPATCH_FRAMES_MAX`` frames handled between two turns of the event loop,
-``STREAMS_PER_CONNECTION_MAX`` streams, ``REQUESTS_INFLIGHT_MAX``
+Bounds: ``STREAMS_PER_CONNECTION_MAX`` streams, ``REQUESTS_INFLIGHT_MAX``
 unary requests in flight, and ``WRITE_BUFFER_BYTES_MAX`` bytes queued for the
 socket before the connection stops reading (back-pressure on a slow client).
 """
@@ -69,11 +68,6 @@ log = logging.getLogger(__name__)
 _APPEND = MsgType.APPEND  # the enum attribute costs a lookup per frame
 
 STREAMS_PER_CONNECTION_MAX = 10_000
-DISPATCH_FRAMES_MAX = 256
-"""Frames a connection handles before it lets the event loop run the rest of the broker.  A
-producer's first write to 4,096 new ranges arrived in reads of up to 3,800 frames, each handled
-in one step of 0.1 s: the segment rolls, the journal, the flushes and every other connection
-waited through it, and no Ack left until the last open was handled."""
 REQUESTS_INFLIGHT_MAX = 64
 WRITE_BUFFER_BYTES_MAX = 8 << 20
 
@@ -110,14 +104,9 @@ class BrokerConnection:
                 frames = await self._reader.frames()
                 if not frames:
                     break
-                for start in range(0, len(frames), DISPATCH_FRAMES_MAX):
-                    if start:
-                        await asyncio.sleep(0)
-                        if self._closed:
-                            return
-                    for item in frames[start : start + DISPATCH_FRAMES_MAX]:
-                        self._dispatch(item)
-                    self._write_outbox()
+                for item in frames:
+                    self._dispatch(item)
+                self._write_outbox()
                 if self._writer.transport.get_write_buffer_size() > WRITE_BUFFER_BYTES_MAX:
                     await self._writer.drain()
         except ProtocolError as error:
