@@ -19,6 +19,10 @@ rollback drops continues in the source after the last source record whose
 mirror it delivered (the source's end at the join when it delivered none): each
 record once, across the rollback too.
 
+Until a cursor that crossed into a migration target delivers a record there, its
+position is the source's end, so a consumer resumed from it (the shard's next
+owner in a group) crosses too and skips the same mirrors.
+
 Delivery is at least once: positions move when ``poll`` returns records, and
 ``commit_async`` queues them for a ``CommitSink`` (a consumer group's member
 sends them to the service's checkpoints); ``commit`` is ``commit_async``
@@ -238,9 +242,16 @@ class _Cursor:
     rollback_to: tuple[int, int] | None = None
     """(source epoch, offset) to continue from if the dual-write target this cursor reads is
     dropped by a rollback: after the last source record whose mirror it delivered."""
+    crossed_from: Position | None = None
+    """The source's end, while this cursor has crossed into the epoch that mirrors it and
+    delivered nothing there: its position.  Resumed from (target, offset), a consumer (a group's
+    next owner of the shard) would deliver the mirrored prefix again; from here it crosses too,
+    and skips it."""
 
     @property
     def position(self) -> Position:
+        if self.crossed_from is not None:
+            return self.crossed_from
         return Position(self.epoch, self.shard, self.offset)
 
 
@@ -351,7 +362,7 @@ class XinfraConsumer:
         if position.offset < 0:
             raise InvalidRequest(f"offset {position.offset} is negative")
         cursor.epoch, cursor.offset, cursor.mirror_source = position.epoch, position.offset, None
-        cursor.moved, cursor.rollback_to = True, None
+        cursor.moved, cursor.rollback_to, cursor.crossed_from = True, None, None
 
     async def seek_to_beginning(self, topic: str, shards: Sequence[int] | None = None) -> None:
         metadata = await self.metadata(topic)
@@ -581,6 +592,7 @@ class XinfraConsumer:
                             continue  # delivered from the source epoch already
                         cursor.mirror_source = None  # past the mirrored prefix
                 out.append(record)
+                cursor.crossed_from = None
                 if source is not None:
                     _note_mirror(cursor, source.number, record.headers)
         return out
@@ -595,6 +607,7 @@ class XinfraConsumer:
                 # A rollback dropped the target this cursor read: on in the source, translated.
                 cursor.epoch, cursor.offset = cursor.rollback_to
                 cursor.mirror_source, cursor.rollback_to, cursor.moved = None, None, True
+                cursor.crossed_from = None
             while True:
                 epoch = _epoch(metadata, cursor.epoch)
                 if epoch.state != EpochState.SEALED or epoch.end_offsets is None:
@@ -613,11 +626,10 @@ class XinfraConsumer:
                 start = await self._reader(cursor.topic, metadata, nxt).start_offsets(
                     [cursor.shard]
                 )
-                cursor.mirror_source = (
-                    (epoch.number, epoch.end_offsets.get(cursor.shard, 0))
-                    if nxt.mirror_of == epoch.number
-                    else None
-                )
+                end = epoch.end_offsets.get(cursor.shard, 0)
+                mirrors = nxt.mirror_of == epoch.number
+                cursor.mirror_source = (epoch.number, end) if mirrors else None
+                cursor.crossed_from = Position(epoch.number, cursor.shard, end) if mirrors else None
                 cursor.epoch, cursor.offset = nxt.number, start[cursor.shard]
                 cursor.moved, cursor.rollback_to = True, None
 
