@@ -494,7 +494,7 @@ async def _ends(consumer: XinfraConsumer) -> dict[tuple[str, int], Position]:
 
 
 def _at_end(consumer: XinfraConsumer, ends: dict[tuple[str, int], Position]) -> bool:
-    positions = consumer.positions()
+    positions = consumer.fetch_positions()
     return all(
         (p := positions[key]).epoch > end.epoch or (p.epoch == end.epoch and p.offset >= end.offset)
         for key, end in ends.items()

@@ -407,7 +407,15 @@ class XinfraConsumer:
             self._cursor(topic, shard).paused = False
 
     def positions(self) -> dict[tuple[str, int], Position]:
+        """Where each assigned shard resumes: what a commit records and ``seek`` takes back."""
         return {key: cursor.position for key, cursor in self._cursors.items()}
+
+    def fetch_positions(self) -> dict[tuple[str, int], Position]:
+        """Where each assigned shard's next read starts, in the epoch it reads now: for progress
+        (has it caught up with an end?), not for resuming.  The two differ only after a cursor
+        crossed into a migration target and delivered nothing there yet: ``positions`` is then
+        the source's end, this the target's offset past the mirrors skipped so far."""
+        return {key: Position(c.epoch, c.shard, c.offset) for key, c in self._cursors.items()}
 
     def commit_async(
         self, positions: Positions | None = None, callback: CommitCallback | None = None

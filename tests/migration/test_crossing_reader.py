@@ -16,6 +16,7 @@ from test_migration_live import call, load, more
 from waiting import wait_until
 
 from clients import XinfraRecord, open_consumer
+from xinfra.model import Position
 
 pytestmark = [needs_northguard]
 
@@ -48,6 +49,8 @@ async def test_a_position_taken_as_a_consumer_crosses_into_the_target_skips_the_
         # The next poll crosses into the target; what it reads there first are mirrors, skipped.
         assert await first.poll(1, timeout_s=0) == []
         position = first.positions()[(topic, 0)]
+        assert position == Position(source.number, 0, source_end)  # what a group commits
+        assert first.fetch_positions()[(topic, 0)].epoch == target.number  # where it reads
 
         await then.assign(topic)
         then.seek(topic, position)  # as a group's next owner of the shard resumes
