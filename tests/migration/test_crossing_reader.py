@@ -43,8 +43,12 @@ async def test_a_position_taken_as_a_consumer_crosses_into_the_target_skips_the_
     try:
         await first.assign(topic, start="earliest")
         before: list[XinfraRecord] = []
-        while len(before) < source_end:  # the source to its end, and nothing past it
-            before += await first.poll(source_end - len(before), timeout_s=1.0)
+
+        async def read_source() -> bool:  # the source to its end, and nothing past it
+            before.extend(await first.poll(source_end - len(before), timeout_s=0.2))
+            return len(before) >= source_end
+
+        await wait_until(read_source, 30, "the source read to its end")
         assert {r.epoch for r in before} == {source.number}
         # The next poll crosses into the target; what it reads there first are mirrors, skipped.
         assert await first.poll(1, timeout_s=0) == []
