@@ -21,7 +21,11 @@ record once, across the rollback too.
 
 Until a cursor that crossed into a migration target delivers a record there, its
 position is the source's end, so a consumer resumed from it (the shard's next
-owner in a group) crosses too and skips the same mirrors.
+owner in a group) crosses too and skips the same mirrors.  After that, mirrors can
+still follow (one producer's last dual write lands behind another's first
+target-only record at the cut-over): ``crossings`` names the source's end, which
+a group commits beside the position, and a consumer resumed with it
+(``seek(..., delivered=)``) skips them too.
 
 Delivery is at least once: positions move when ``poll`` returns records, and
 ``commit_async`` queues them for a ``CommitSink`` (a consumer group's member
@@ -350,19 +354,33 @@ class XinfraConsumer:
     def assignment(self) -> list[tuple[str, int]]:
         return sorted(self._cursors)
 
-    def seek(self, topic: str, position: Position) -> None:
+    def seek(self, topic: str, position: Position, delivered: Position | None = None) -> None:
         """Read ``topic`` from ``position`` next (the record at it is the next one returned).
+
+        ``delivered``: where the records of the epoch that ``position``'s epoch
+        mirrors (a migration's source) were delivered up to, as ``crossings``
+        reported it (a group keeps it as its checkpoint in that epoch).  Mirrors
+        of source records below it are then skipped, as by the consumer that
+        crossed: a mirror written late at the cut-over can follow records the
+        target took directly, so ``position`` alone does not say whether the
+        mirrors after it were delivered.  Ignored for any other epoch.
 
         Raises ``InvalidRequest`` when the shard is not assigned or the epoch is
         not one of the topic's; an offset outside the epoch's retained records
         is the backend's to refuse at the next poll.
         """
         cursor = self._cursor(topic, position.shard)
-        _epoch(self._watches[topic].current, position.epoch)
+        epoch = _epoch(self._watches[topic].current, position.epoch)
         if position.offset < 0:
             raise InvalidRequest(f"offset {position.offset} is negative")
         cursor.epoch, cursor.offset, cursor.mirror_source = position.epoch, position.offset, None
         cursor.moved, cursor.rollback_to, cursor.crossed_from = True, None, None
+        if (
+            delivered is not None
+            and delivered.shard == position.shard
+            and delivered.epoch == epoch.mirror_of
+        ):
+            cursor.mirror_source = (delivered.epoch, delivered.offset)
 
     async def seek_to_beginning(self, topic: str, shards: Sequence[int] | None = None) -> None:
         metadata = await self.metadata(topic)
@@ -409,6 +427,16 @@ class XinfraConsumer:
     def positions(self) -> dict[tuple[str, int], Position]:
         """Where each assigned shard resumes: what a commit records and ``seek`` takes back."""
         return {key: cursor.position for key, cursor in self._cursors.items()}
+
+    def crossings(self) -> dict[tuple[str, int], Position]:
+        """The source's end, for each shard whose cursor crossed into a migration target and may
+        still meet mirrors of source records there: a checkpoint keeps it beside the position,
+        so a consumer resumed there (``seek(..., delivered=)``) skips the same mirrors."""
+        return {
+            key: Position(c.mirror_source[0], c.shard, c.mirror_source[1])
+            for key, c in self._cursors.items()
+            if c.mirror_source is not None
+        }
 
     def fetch_positions(self) -> dict[tuple[str, int], Position]:
         """Where each assigned shard's next read starts, in the epoch it reads now: for progress

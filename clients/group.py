@@ -371,17 +371,21 @@ class GroupMembership:
         self._wake.set()
 
     async def _assign(self, shards: list[Shard]) -> None:
-        committed = await self.committed()
+        checkpoints = await self._checkpoints()
         by_topic: dict[str, list[int]] = {}
         for topic, shard in shards:
             by_topic.setdefault(topic, []).append(shard)
         for topic, numbers in by_topic.items():
             await self.consumer.assign(topic, numbers, start=self.options.start)
             for shard in numbers:
-                position = committed.get((topic, shard))
-                if position is not None:
+                rows = checkpoints.get((topic, shard), [])
+                if rows:
+                    position = rows[-1]
+                    # The row of an earlier epoch says how far it was delivered: used when the
+                    # position's epoch mirrors it (see ``XinfraConsumer.seek``).
+                    delivered = rows[-2] if len(rows) > 1 else None
                     try:
-                        self.consumer.seek(topic, position)
+                        self.consumer.seek(topic, position, delivered)
                     except InvalidRequest as error:  # its epoch is gone (retention): start over
                         log.warning("checkpoint of %s/%d not usable: %s", topic, shard, error)
                     self._committed[(topic, shard)] = position
@@ -429,12 +433,21 @@ class GroupMembership:
         """
         if self.member_epoch <= 0:
             raise InvalidRequest(f"not a member of group {self.group!r} yet: subscribe first")
+        rows = [(t, p) for (t, _s), p in sorted(positions.items())]
+        # Beside a position in a migration target, the source's end its cursor crossed from:
+        # the shard's next owner skips the mirrors that may still follow (``_assign``).
+        crossings = self.consumer.crossings()
+        rows += [
+            (key[0], crossings[key])
+            for key, p in sorted(positions.items())
+            if key in crossings and crossings[key].epoch != p.epoch
+        ]
         body = {
             "member_id": self.member_id,
             "member_epoch": self.member_epoch,
             "positions": [
                 {"topic": t, "epoch": p.epoch, "shard": p.shard, "offset": p.offset}
-                for (t, _s), p in sorted(positions.items())
+                for t, p in rows
             ],
         }
         try:
@@ -446,15 +459,20 @@ class GroupMembership:
 
     async def committed(self) -> dict[Shard, Position]:
         """The group's committed position per (topic, shard): the one in its latest epoch."""
+        return {shard: rows[-1] for shard, rows in (await self._checkpoints()).items()}
+
+    async def _checkpoints(self) -> dict[Shard, list[Position]]:
+        """The group's checkpoints per (topic, shard), one per epoch, in epoch order."""
         try:
             body = await self.client.call("GET", f"{self._path}/checkpoints")
         except XinfraError as error:
             if error.code == "group_not_found":
                 return {}
             raise
-        out: dict[Shard, Position] = {}
+        out: dict[Shard, list[Position]] = {}
         for p in sorted(body["positions"], key=lambda p: (p["topic"], p["shard"], p["epoch"])):
-            out[(p["topic"], p["shard"])] = Position(p["epoch"], p["shard"], p["offset"])
+            position = Position(p["epoch"], p["shard"], p["offset"])
+            out.setdefault((p["topic"], p["shard"]), []).append(position)
         return out
 
     def owned(self) -> list[Shard]:

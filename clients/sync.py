@@ -122,8 +122,8 @@ class SyncConsumer:
     ) -> None:
         self._thread.run(self._consumer.assign(topic, shards, start))
 
-    def seek(self, topic: str, position: Position) -> None:
-        self._thread.run(_call(lambda: self._consumer.seek(topic, position)))
+    def seek(self, topic: str, position: Position, delivered: Position | None = None) -> None:
+        self._thread.run(_call(lambda: self._consumer.seek(topic, position, delivered)))
 
     def seek_to_beginning(self, topic: str, shards: Sequence[int] | None = None) -> None:
         self._thread.run(self._consumer.seek_to_beginning(topic, shards))
@@ -147,6 +147,9 @@ class SyncConsumer:
 
     def positions(self) -> dict[tuple[str, int], Position]:
         return self._thread.run(_call(self._consumer.positions))
+
+    def crossings(self) -> dict[tuple[str, int], Position]:
+        return self._thread.run(_call(self._consumer.crossings))
 
     def commit(
         self, positions: dict[tuple[str, int], Position] | None = None
