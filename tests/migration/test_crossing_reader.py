@@ -22,26 +22,35 @@ from test_migration_live import call, load, more
 from waiting import wait_until
 
 from clients import GroupOptions, XinfraRecord, open_consumer, open_producer
-from xinfra.model import Position, mirror_header
+from xinfra.model import Epoch, Position, mirror_header
 
 pytestmark = [needs_northguard]
 
 
-async def test_a_position_taken_as_a_consumer_crosses_into_the_target_skips_the_mirrors(
-    live: LiveService, northguard: str, second_northguard: str
-) -> None:
-    topic = "crossed"
-    await live.create_topic(topic, northguard, 1)
+async def migrated(
+    live: LiveService, topic: str, source_cluster: str, target_cluster: str
+) -> tuple[list[bytes | None], Epoch, Epoch, int]:
+    """A one-shard topic moved from one cluster to the other under keyed load: written before and
+    during each step, and after it (records the target takes directly, behind the mirrors).
+    The values acknowledged, the source and target epochs, and the source's end."""
+    await live.create_topic(topic, source_cluster, 1)
     async with load(live, topic) as stream:
         await more(stream)
-        await call(live, "POST", topic, target_cluster=second_northguard)
+        await call(live, "POST", topic, target_cluster=target_cluster)
         for state in ("dual_write", "cut_over", "completed"):
             await more(stream)
             await call(live, "POST", topic, "/advance", expected_state=state)
         await more(stream)
     source, target = (await live.metadata(topic)).epochs
     assert target.mirror_of == source.number and source.end_offsets is not None
-    source_end = source.end_offsets[0]
+    return list(stream.acked), source, target, source.end_offsets[0]
+
+
+async def test_a_position_taken_as_a_consumer_crosses_into_the_target_skips_the_mirrors(
+    live: LiveService, northguard: str, second_northguard: str
+) -> None:
+    topic = "crossed"
+    acked, source, target, source_end = await migrated(live, topic, northguard, second_northguard)
 
     token = await live.client_token("crossing-readers")
     first = await open_consumer(live.url, token, VC)
@@ -65,7 +74,7 @@ async def test_a_position_taken_as_a_consumer_crosses_into_the_target_skips_the_
         await then.assign(topic)
         then.seek(topic, position)  # as a group's next owner of the shard resumes
         after: list[XinfraRecord] = []
-        rest = len(stream.acked) - len(before)
+        rest = len(acked) - len(before)
 
         async def read() -> bool:
             after.extend(await then.poll(500, timeout_s=0.2))
@@ -79,7 +88,7 @@ async def test_a_position_taken_as_a_consumer_crosses_into_the_target_skips_the_
 
     again = {r.value for r in after} & {r.value for r in before}
     assert not again, f"{len(again)} records delivered before the crossing and again after it"
-    assert sorted(r.value for r in before + after) == sorted(stream.acked), "none lost"
+    assert sorted(r.value for r in before + after) == sorted(acked), "none lost"
     assert {r.epoch for r in after} == {target.number}
 
 
@@ -87,17 +96,7 @@ async def test_a_mirror_written_late_is_skipped_by_the_next_owner_of_the_shard(
     live: LiveService, northguard: str, second_northguard: str
 ) -> None:
     topic = "late-mirror"
-    await live.create_topic(topic, northguard, 1)
-    async with load(live, topic) as stream:
-        await more(stream)
-        await call(live, "POST", topic, target_cluster=second_northguard)
-        for state in ("dual_write", "cut_over", "completed"):
-            await more(stream)
-            await call(live, "POST", topic, "/advance", expected_state=state)
-        await more(stream)  # records the target took directly, after the mirrors
-    source, target = (await live.metadata(topic)).epochs
-    assert source.end_offsets is not None
-    source_end = source.end_offsets[0]
+    acked, source, target, source_end = await migrated(live, topic, northguard, second_northguard)
     options = GroupOptions(auto_commit=False)
 
     first = await open_consumer(live.url, ADMIN_TOKEN, VC, group="g", group_options=options)
@@ -107,7 +106,7 @@ async def test_a_mirror_written_late_is_skipped_by_the_next_owner_of_the_shard(
 
         async def read_all() -> bool:
             before.extend(await first.poll(500, timeout_s=0.2))
-            return len(before) >= len(stream.acked)
+            return len(before) >= len(acked)
 
         await wait_until(read_all, 30, "the source and the target read to their ends")
         position = first.positions()[(topic, 0)]
