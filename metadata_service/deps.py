@@ -29,6 +29,11 @@ class Services:
     registry: RegistryService
     reconcile: ReconcileService
 
+    def begin_shutdown(self) -> None:
+        """The instance stops (SIGTERM): what waits is answered now.  Safe from a signal handler."""
+        self.settles.begin_shutdown()
+        self.runtime.hub.begin_shutdown()
+
 
 def get_services(request: Request) -> Services:
     services: Services = request.app.state.services

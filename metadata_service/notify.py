@@ -47,9 +47,12 @@ class ChangeHub:
     def __init__(self, waiters_max: int) -> None:
         self.waiters_max = waiters_max
         self.generation = 0
+        self.stopping = False
+        """The instance is shutting down: a long-poll answers with what it has, at once."""
         self._waiters: dict[TopicKey, set[asyncio.Future[None]]] = {}
         self._waiter_count = 0
         self._listeners: list[Callable[[TopicKey | None], None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def waiter_count(self) -> int:
@@ -78,10 +81,25 @@ class ChangeHub:
                 f"{self._waiter_count} long-polls are waiting on this instance, the maximum; "
                 "retry with backoff or poll without after_version"
             )
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._loop = loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
         self._waiters.setdefault(key, set()).add(future)
         self._waiter_count += 1
         return future
+
+    def begin_shutdown(self) -> None:
+        """Answer every long-poll now, and any later one at once.  Safe from a signal handler.
+
+        Left waiting, they ran into uvicorn's graceful-shutdown timeout, which
+        cancels each with a logged traceback and answers its client 500."""
+        self.stopping = True
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._wake_all)
+
+    def _wake_all(self) -> None:
+        for future in [f for waiters in self._waiters.values() for f in waiters]:
+            if not future.done():
+                future.set_result(None)
 
     def discard(self, key: TopicKey, future: asyncio.Future[None]) -> None:
         waiters = self._waiters.get(key)

@@ -566,7 +566,7 @@ def serve(app: FastAPI, host: str, port: int, **options: Any) -> None:
     prepare_process(app)
     server = _Server(
         uvicorn_config(app, host, port, **options),
-        app.state.services.settles.begin_shutdown,
+        app.state.services.begin_shutdown,
     )
     server.run()
     if not server.started:

@@ -150,8 +150,9 @@ class TopicService:
         """Return at once unless ``after_version`` is current; then wait for a newer one.
 
         The waiter is registered before the read so that a change landing
-        between the read and the wait still wakes it.  On timeout the current
-        metadata is returned (its version tells the client nothing changed).
+        between the read and the wait still wakes it.  On timeout, or once the
+        instance is stopping, the current metadata is returned (its version
+        tells the client nothing changed).
         """
         if after_version is None:
             return await self.metadata_body(vc, name)
@@ -163,7 +164,7 @@ class TopicService:
             try:
                 version, body = await self.metadata_body(vc, name)
                 remaining = deadline - time.monotonic()
-                if version > after_version or remaining <= 0:
+                if version > after_version or remaining <= 0 or self.rt.hub.stopping:
                     return version, body
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(waiter, remaining)
