@@ -114,9 +114,10 @@ class Service:
             backend_factory=open_backend,
             long_poll_s_max=5.0,
         )
+        self.app = create_app(config)
         self.server = uvicorn.Server(
             uvicorn.Config(
-                create_app(config),
+                self.app,
                 host="127.0.0.1",
                 port=self.port,
                 log_level="warning",
@@ -133,6 +134,9 @@ class Service:
         self.url = f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
+        # As SIGTERM does in ``metadata_service.server``: the clients' long-polls are answered
+        # first, not cancelled by uvicorn's graceful-shutdown timeout (a traceback each).
+        self.app.state.services.begin_shutdown()
         self.server.should_exit = True
         self.thread.join(15)
 
