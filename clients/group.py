@@ -433,16 +433,16 @@ class GroupMembership:
         """
         if self.member_epoch <= 0:
             raise InvalidRequest(f"not a member of group {self.group!r} yet: subscribe first")
-        rows = [(t, p) for (t, _s), p in sorted(positions.items())]
-        # Beside a position in a migration target, the source's end its cursor crossed from:
-        # the shard's next owner skips the mirrors that may still follow (``_assign``).  Not
-        # beside a position in the source or before it: the latest epoch's row is the position.
         crossings = self.consumer.crossings()
-        rows += [
-            (key[0], crossings[key])
-            for key, p in sorted(positions.items())
-            if key in crossings and crossings[key].epoch < p.epoch
-        ]
+        rows: list[tuple[str, Position]] = []
+        for key, position in sorted(positions.items()):
+            rows.append((key[0], position))
+            # Beside a position in a migration target, the source's end its cursor crossed
+            # from: the shard's next owner skips the mirrors that may still follow (``_assign``).
+            # Not beside a position in the source or before it: the latest row is the position.
+            crossing = crossings.get(key)
+            if crossing is not None and crossing.epoch < position.epoch:
+                rows.append((key[0], crossing))
         body = {
             "member_id": self.member_id,
             "member_epoch": self.member_epoch,
