@@ -56,7 +56,7 @@ from metadata_service.topics import TopicService
 from migration.service import MigrationService
 from xinfra import __version__
 from xinfra.errors import NotCoordinator, XinfraError
-from xinfra.model import NAME_PATTERN
+from xinfra.names import NAME_PATTERN
 
 log = logging.getLogger(__name__)
 

@@ -57,7 +57,7 @@ from metadata_service.metrics import ServiceMetrics
 from metadata_service.problems import error_response, problem
 from metadata_service.topics import TopicService
 from xinfra.errors import Unavailable, XinfraError
-from xinfra.model import NAME_PATTERN
+from xinfra.names import NAME_PATTERN
 
 log = logging.getLogger(__name__)
 

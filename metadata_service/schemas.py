@@ -11,13 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from xinfra.model import (
-    SHARD_COUNT_MAX,
-    EpochState,
-    Name,
-    PhysicalCluster,
-    VirtualCluster,
-)
+from xinfra.keyspace import SHARD_COUNT_MAX
+from xinfra.model import EpochState, Name, PhysicalCluster, VirtualCluster
 
 CLIENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}$"
 ClientId = Annotated[str, StringConstraints(pattern=CLIENT_ID_PATTERN, max_length=200)]

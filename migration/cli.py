@@ -25,7 +25,7 @@ from migration.machine import FINISHED, State
 from xinfra.commands.options import JsonOption, TokenOption, UrlOption, VcOption, vc_name
 from xinfra.commands.output import emit, err, out, service_call
 from xinfra.errors import MigrationNotFound, Unavailable, XinfraError, error_from_code
-from xinfra.model import NAME_PATTERN
+from xinfra.names import NAME_PATTERN
 from xinfra.rest import MetadataClient
 
 app = typer.Typer(help="Migrate a topic between physical clusters, live.", no_args_is_help=True)

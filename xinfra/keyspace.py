@@ -26,6 +26,8 @@ import xxhash
 KEYSPACE_BITS = 64
 KEYSPACE_SIZE = 1 << KEYSPACE_BITS
 """Exclusive upper bound of the keyspace; the end of the last range."""
+SHARD_COUNT_MAX = 4096
+"""The most shards (Kafka partitions, Northguard ranges) an epoch of a topic has."""
 
 
 key_hash: Callable[[bytes], int] = xxhash.xxh3_64_intdigest

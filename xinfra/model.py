@@ -18,7 +18,6 @@ JSON number safely.
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -30,24 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidat
 from xinfra._records import Record as Record
 from xinfra._records import fast_fields as fast_fields
 from xinfra._records import record_fields
-from xinfra.keyspace import KeyRange
-
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
-"""The one naming rule for clusters and topics: 1-200 characters of
-letters, digits, '.', '_' and '-', not starting with punctuation (Kafka's
-legal characters, minus a leading dot so no name collides with internal topics)."""
-
-_NAME_RE = re.compile(NAME_PATTERN)
-SHARD_COUNT_MAX = 4096
-
-
-def check_name(name: str, what: str = "name") -> str:
-    if not _NAME_RE.match(name):
-        raise ValueError(
-            f"{what} {name!r} is invalid: use 1-200 of [A-Za-z0-9._-], starting with a letter or digit"
-        )
-    return name
-
+from xinfra.keyspace import SHARD_COUNT_MAX, KeyRange
+from xinfra.names import NAME_PATTERN
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN, min_length=1, max_length=200)]
 

@@ -31,8 +31,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from backends.kafka.errors import from_exception
 from xinfra.errors import BackendTimeout, InvalidRequest, TopicNotFound
-from xinfra.keyspace import KeyRange, check_covering, shard_ranges
-from xinfra.model import SHARD_COUNT_MAX, PhysicalTopicInfo
+from xinfra.keyspace import SHARD_COUNT_MAX, KeyRange, check_covering, shard_ranges
+from xinfra.model import PhysicalTopicInfo
 
 TOPIC_NAME_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 """Kafka's legal topic names."""

@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeAlias
 
 import crc32c
 
 from xinfra.errors import CorruptData, InvalidRequest
-from xinfra.model import Header, Record
+
+if TYPE_CHECKING:  # not at run time: the broker imports this module, and pydantic with the model
+    from xinfra.model import Header, Record
 
 BATCH_MAGIC = 2
 HEADER = struct.Struct("<BIIqqqhi")
@@ -169,7 +172,7 @@ def batch_count(data: bytes | memoryview) -> int:
     return count
 
 
-DecodedRecord = tuple[int, bytes | None, bytes | None, tuple[Header, ...]]
+DecodedRecord: TypeAlias = "tuple[int, bytes | None, bytes | None, tuple[Header, ...]]"
 """(timestamp_ms, key, value, headers) of one record."""
 
 

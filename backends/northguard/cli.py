@@ -3,6 +3,12 @@ storage policies (``policies create|list|validate``).
 
 The lead mounts ``app`` as ``xinfra northguard``; ``python -m
 backends.northguard.broker`` runs the ``broker`` command alone.
+
+Every option of ``broker`` that an operator sets per deployment has an
+``XINFRA_`` environment variable (``--help`` names it), read by the command
+itself rather than through ``xinfra.settings``: that object is pydantic's, and
+importing it was 0.12 s of the 0.4 s a broker took to import, paid at every
+restart.
 """
 
 from __future__ import annotations
@@ -18,7 +24,6 @@ from backends.northguard.broker.main import run_broker
 from backends.northguard.broker.server import BrokerConfig
 from backends.northguard.credentials import SECRET_ENV, check_secret
 from backends.northguard.tls import CERT_ENV, KEY_ENV
-from xinfra.settings import get_settings
 
 DATA_DIR = Path(".xinfra/northguard")
 
@@ -62,10 +67,35 @@ def broker(
         list[str] | None, typer.Option("--attr", help="Broker attribute key=value (repeatable).")
     ] = None,
     store: str = typer.Option("fps", help="Segment store: fps (durable) or memory."),
-    segment_bytes_max: int = typer.Option(0, help="Seal segments at this size (0: settings)."),
-    segment_age_s_max: float = typer.Option(0.0, help="Seal segments at this age (0: settings)."),
+    segment_bytes_max: int = typer.Option(
+        BrokerConfig.segment_bytes_max,
+        envvar="XINFRA_SEGMENT_BYTES_MAX",
+        help="Seal segments at this size.",
+    ),
+    segment_age_s_max: float = typer.Option(
+        BrokerConfig.segment_age_s_max,
+        envvar="XINFRA_SEGMENT_AGE_S_MAX",
+        help="Seal segments at this age.",
+    ),
     group_commit_ms: float = typer.Option(
-        -1.0, help="Least ms between two flushes (-1: settings)."
+        BrokerConfig.group_commit_ms,
+        envvar="XINFRA_GROUP_COMMIT_MS",
+        help="Least ms between the starts of two flushes (an idle store flushes at once).",
+    ),
+    group_commit_bytes_max: int = typer.Option(
+        BrokerConfig.group_commit_bytes_max,
+        envvar="XINFRA_GROUP_COMMIT_BYTES_MAX",
+        help="Most bytes one flush (one WAL write and fsync) takes.",
+    ),
+    group_commit_records_max: int = typer.Option(
+        BrokerConfig.group_commit_records_max,
+        envvar="XINFRA_GROUP_COMMIT_RECORDS_MAX",
+        help="Most records one flush takes.",
+    ),
+    frame_bytes_max: int = typer.Option(
+        BrokerConfig.frame_bytes_max,
+        envvar="XINFRA_FRAME_BYTES_MAX",
+        help="Largest protocol frame accepted; a larger one closes its connection.",
     ),
     descriptors_max: int = typer.Option(
         0,
@@ -167,7 +197,6 @@ def broker(
     """Run one Northguard broker until SIGTERM or Ctrl-C."""
     if (tls_cert is None) != (tls_key is None):
         raise typer.BadParameter(f"--tls-cert (${CERT_ENV}) and --tls-key (${KEY_ENV}) go together")
-    settings = get_settings()
     config = BrokerConfig(
         data_dir=data_dir,
         broker_id=broker_id,
@@ -176,12 +205,12 @@ def broker(
         http_port=None if http_port < 0 else http_port,
         attributes=_attributes(attr or []),
         store=store,
-        segment_bytes_max=segment_bytes_max or settings.segment_bytes_max,
-        segment_age_s_max=segment_age_s_max or settings.segment_age_s_max,
-        group_commit_ms=settings.group_commit_ms if group_commit_ms < 0 else group_commit_ms,
-        group_commit_bytes_max=settings.group_commit_bytes_max,
-        group_commit_records_max=settings.group_commit_records_max,
-        frame_bytes_max=settings.frame_bytes_max,
+        segment_bytes_max=segment_bytes_max,
+        segment_age_s_max=segment_age_s_max,
+        group_commit_ms=group_commit_ms,
+        group_commit_bytes_max=group_commit_bytes_max,
+        group_commit_records_max=group_commit_records_max,
+        frame_bytes_max=frame_bytes_max,
         descriptors_max=descriptors_max or None,
         sealed_segments_max=sealed_segments_max,
         snapshot_ops_max=snapshot_ops_max or None,

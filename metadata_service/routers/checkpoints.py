@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path, Request, Response
 from metadata_service.deps import PrincipalDep
 from metadata_service.groups.schemas import Checkpoints, CommitIn
 from metadata_service.routers.groups import ERRORS, groups_of
-from xinfra.model import NAME_PATTERN
+from xinfra.names import NAME_PATTERN
 
 NamePath = Annotated[str, Path(pattern=NAME_PATTERN, max_length=200)]
 

@@ -16,7 +16,7 @@ from metadata_service.schemas import (
     Heartbeat,
     Unacknowledged,
 )
-from xinfra.model import NAME_PATTERN
+from xinfra.names import NAME_PATTERN
 
 ERRORS = problem_responses(400, 401, 403, 404, 409, 413, 422, 429, 503, 504)
 NamePath = Annotated[str, Path(pattern=NAME_PATTERN, max_length=200)]

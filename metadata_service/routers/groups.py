@@ -25,7 +25,7 @@ from metadata_service.groups.schemas import (
 )
 from metadata_service.problems import problem, problem_responses
 from xinfra.errors import NotCoordinator
-from xinfra.model import NAME_PATTERN
+from xinfra.names import NAME_PATTERN
 
 ERRORS = problem_responses(400, 401, 403, 404, 409, 413, 422, 429, 503, 504)
 ERRORS[307] = {"description": "Another instance coordinates the group: follow `Location`"}

@@ -16,7 +16,7 @@ from metadata_service.deps import PrincipalDep
 from metadata_service.problems import problem_responses
 from migration.machine import State
 from migration.service import MigrationService
-from xinfra.model import NAME_PATTERN
+from xinfra.names import NAME_PATTERN
 
 ERRORS = problem_responses(400, 401, 403, 404, 409, 422, 503, 504)
 NamePath = Annotated[str, Path(pattern=NAME_PATTERN, max_length=200)]

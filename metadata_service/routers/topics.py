@@ -17,7 +17,8 @@ from metadata_service.schemas import (
     TopicUpdate,
 )
 from metadata_service.topics import Written, pick_expected
-from xinfra.model import NAME_PATTERN, TopicMetadata
+from xinfra.model import TopicMetadata
+from xinfra.names import NAME_PATTERN
 
 ERRORS = problem_responses(400, 401, 403, 404, 409, 413, 422, 429, 503, 504)
 NamePath = Annotated[str, Path(pattern=NAME_PATTERN, max_length=200)]

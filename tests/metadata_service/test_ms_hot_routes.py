@@ -34,7 +34,7 @@ from sqlalchemy.exc import OperationalError
 from metadata_service import ServiceConfig, create_app
 from metadata_service.hot_routes import _COMMIT_PATH, _READ_PATH
 from metadata_service.server import direct_head, prepare_process, uvicorn_config
-from xinfra.model import NAME_PATTERN
+from xinfra.names import NAME_PATTERN
 from xinfra.services.ports import free_port
 
 VC = "default"

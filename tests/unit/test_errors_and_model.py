@@ -16,8 +16,8 @@ from xinfra.model import (
     Shard,
     TopicMetadata,
     VirtualTopic,
-    check_name,
 )
+from xinfra.names import check_name
 
 
 def test_every_error_code_is_unique_and_round_trips() -> None:

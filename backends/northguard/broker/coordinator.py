@@ -132,8 +132,8 @@ from xinfra.errors import (
     Unavailable,
     XinfraError,
 )
-from xinfra.keyspace import KeyRange, check_covering
-from xinfra.model import SHARD_COUNT_MAX, check_name
+from xinfra.keyspace import SHARD_COUNT_MAX, KeyRange, check_covering
+from xinfra.names import check_name
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xinfra.errors import InvalidRequest, Unavailable
-from xinfra.model import check_name
+from xinfra.names import check_name
 
 DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
 REPLICAS_MAX = 16

@@ -24,8 +24,7 @@ from backends.northguard.broker.placement import REPLICAS_MAX
 from backends.northguard.broker.rereplication import copy_segment
 from backends.northguard.credentials import ADMIN, READ
 from xinfra.errors import InvalidRequest
-from xinfra.keyspace import KeyRange, shard_ranges
-from xinfra.model import SHARD_COUNT_MAX
+from xinfra.keyspace import SHARD_COUNT_MAX, KeyRange, shard_ranges
 
 REPLICA_OPS = frozenset(
     {
