@@ -1,7 +1,8 @@
 """The one naming rule for clusters, topics and groups.
 
 Apart from ``xinfra.model`` so that a Northguard broker checks names without
-importing pydantic: its start (and so every restart) paid ~0.1 s for it.
+importing the model (its pydantic classes are built at import, at every broker
+start).
 """
 
 from __future__ import annotations

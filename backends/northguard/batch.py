@@ -36,7 +36,7 @@ import crc32c
 
 from xinfra.errors import CorruptData, InvalidRequest
 
-if TYPE_CHECKING:  # not at run time: the broker imports this module, and pydantic with the model
+if TYPE_CHECKING:  # not at run time: the broker imports this module, and the model is pydantic's
     from xinfra.model import Header, Record
 
 BATCH_MAGIC = 2

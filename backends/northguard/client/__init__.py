@@ -6,5 +6,5 @@
 
 Import them from their modules: a broker uses the connection and the streams
 (replication, peers), and this package importing the producer and the reader
-made every broker start import pydantic too (~0.1 s of each restart).
+made every broker start import the model and the settings too.
 """
