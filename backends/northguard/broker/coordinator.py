@@ -118,7 +118,7 @@ from backends.northguard.broker.state import (
 )
 from backends.northguard.runtime import Runtime
 from backends.northguard.shielded import to_completion
-from backends.northguard.store.base import Entry, SegmentInfo, SegmentState, SegmentStore
+from backends.northguard.store.base import Entry, SegmentState, SegmentStore
 from xinfra.errors import (
     Conflict,
     InvalidRequest,
@@ -280,7 +280,7 @@ class Coordinator:
         if self.config.member:  # the coordinator owns the metadata; replicas are its to delete
             log.info("member broker: %d segment replicas in the store", len(self._store.segments()))
             return
-        held = {info.segment_id: info for info in self._store.segments()}  # one pass: 20k+ here
+        held = self._store.segment_states()  # 20k+ here: no SegmentInfo made for each
         known = self.state.segments
         for segment_id in [sid for sid in held if sid not in known]:
             log.warning("deleting orphan segment %s (no metadata names it)", segment_id)
@@ -317,7 +317,7 @@ class Coordinator:
         """fsync calls of the journal since start: what recovery and group commits cost."""
         return self._journal.fsyncs
 
-    def _unfinished_seals(self, held: dict[str, SegmentInfo]) -> list[dict[str, Any]]:
+    def _unfinished_seals(self, held: dict[str, SegmentState]) -> list[dict[str, Any]]:
         """The ``seal_segment`` ops a crash kept from the journal: segments active in the metadata
         but sealed in the store (a roll cut between its two steps), or missing from it.
 
@@ -330,18 +330,18 @@ class Coordinator:
         for segment in self.state.segments.values():
             if segment.state is not State.ACTIVE:
                 continue
-            info = held.get(segment.segment_id)
-            if info is None:
+            state = held.get(segment.segment_id)
+            if state is None:
                 if self.metadata_recovered and len(segment.replicas) > 1:
                     continue  # this disk was lost: the fence seals it on the other replicas
                 log.error(
                     "segment %s is missing from the store; sealing it empty", segment.segment_id
                 )
                 end = segment.start_offset
+            elif state is not SegmentState.SEALED:
+                continue
             else:
-                if info.state is not SegmentState.SEALED:
-                    continue
-                end = info.end_offset
+                end = self._store.segment(segment.segment_id).end_offset
             ops.append(
                 {
                     "op": "seal_segment",
@@ -352,7 +352,7 @@ class Coordinator:
             )
         return ops
 
-    def _lost_sealed_replicas(self, held: dict[str, SegmentInfo]) -> list[str]:
+    def _lost_sealed_replicas(self, held: dict[str, SegmentState]) -> list[str]:
         """Sealed segments the metadata says this broker holds and its store does not (a lost
         data disk, the metadata recovered from a member's copy): until the metadata says so
         too, they count as fully replicated and are never healed."""

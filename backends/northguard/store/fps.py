@@ -833,6 +833,9 @@ class FpsStore(SegmentStore):
     def segments(self) -> list[SegmentInfo]:
         return [segment.info() for segment in self._segments.values()]
 
+    def segment_states(self) -> dict[str, SegmentState]:
+        return {sid: segment.meta.state for sid, segment in self._segments.items()}
+
     def _get(self, segment_id: str) -> _Segment:
         segment = self._segments.get(segment_id)
         if segment is None:

@@ -167,3 +167,6 @@ class MemoryStore(SegmentStore):
 
     def segments(self) -> list[SegmentInfo]:
         return [segment.info() for segment in self._segments.values()]
+
+    def segment_states(self) -> dict[str, SegmentState]:
+        return {sid: segment.state for sid, segment in self._segments.items()}
