@@ -1778,13 +1778,17 @@ class FpsStore(SegmentStore):
             disk.makedirs(self.data_dir / "index")
             self._index = RocksOffsetIndex(self.data_dir / "index")
         index = self._index
-        names = disk.listdir(self._segments_dir)
         removed = False  # a file removed here: the directory is synced before anything is created
-        for name in names:
-            if name.endswith((".tmp", ".deleted")):
+        present: set[str] = set()  # segments whose file is listed
+        legacy: list[str] = []
+        for name in disk.listdir(self._segments_dir):  # one pass: 20k+ names here
+            if name.endswith(SEGMENT_SUFFIX):
+                present.add(name[: -len(SEGMENT_SUFFIX)])
+            elif name.endswith((".tmp", ".deleted")):
                 disk.remove(self._segments_dir / name)
                 removed = True
-        legacy = [n for n in names if n.endswith(META_SUFFIX)]
+            elif name.endswith(META_SUFFIX):
+                legacy.append(name)
         if legacy:  # a data directory of the file-per-meta layout: move the metas into the index
             metas_read = [read_meta(disk, self._segments_dir / n) for n in legacy]
             index.put_metas({meta.segment_id: meta.pack() for meta in metas_read})
@@ -1792,20 +1796,19 @@ class FpsStore(SegmentStore):
             for name in legacy:
                 disk.remove(self._segments_dir / name)
         metas = {sid: SegmentMeta.unpack(sid, packed) for sid, packed in index.metas().items()}
-        for name in names:  # orphans of a delete cut by a crash
-            if name.endswith(SEGMENT_SUFFIX) and name[: -len(SEGMENT_SUFFIX)] not in metas:
-                disk.remove(self._segments_dir / name)
-                removed = True
+        for sid in present.difference(metas):  # orphans of a delete cut by a crash
+            disk.remove(self._segments_dir / (sid + SEGMENT_SUFFIX))
+            present.discard(sid)
+            removed = True
         ends = index.ends()
         for sid in ends:
             if sid not in metas:
                 index.delete_segment(sid)
-        present = {name for name in names if name.endswith(SEGMENT_SUFFIX)}
         for meta in metas.values():
             sid = meta.segment_id
             # Durable only if an end was recorded for it (after its directory was synced): a file
             # listed now may be one whose entry a power loss would still take.
-            exists = sid + SEGMENT_SUFFIX in present
+            exists = sid in present
             on_disk = exists and sid in ends
             self._segments[sid] = self._recover_segment(meta, ends.get(sid), on_disk, exists)
 
@@ -1815,11 +1818,7 @@ class FpsStore(SegmentStore):
         adopted: list[str] = []
         for sid in dict.fromkeys(frame.segment_id for frame in wal_frames):
             segment = self._segments.get(sid)
-            if (
-                segment is not None
-                and sid + SEGMENT_SUFFIX in present
-                and self._adopt_tail(segment)
-            ):
+            if segment is not None and sid in present and self._adopt_tail(segment):
                 adopted.append(sid)
         replayed: dict[str, list[bytes]] = {}  # per segment, frames to append, in order
         points: list[IndexPoint] = []
