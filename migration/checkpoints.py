@@ -201,20 +201,31 @@ def _on(values: dict[tuple[str, int, int], int], topic: str, epoch: int) -> dict
 
 
 async def groups_on_source(
-    groups: Groups, vc: str, topic: str, source: int
+    groups: Groups, vc: str, topic: str, source: int, source_ends: dict[int, int] | None
 ) -> list[dict[str, Any]]:
-    """Groups with live members whose latest checkpoints of ``topic`` are still on ``source``.
+    """Groups with live members that still have records to read on ``source``.
 
     Why a status lists them: a group with live members is not moved by the
     service (its members cross as they read), so after the cut-over one that
-    still commits source positions is a reader that lags or is stuck on the
-    old cluster, which an operator must see before retiring that cluster.
-    Each: ``group``, ``members`` (None when another instance coordinates it),
-    ``shards`` on the source.
+    still commits source positions short of the source's end is a reader that
+    lags or is stuck on the old cluster, which an operator must see before
+    retiring that cluster.  A shard whose latest checkpoint is the source's end
+    (``source_ends``, the sealed epoch's end offsets) is not counted: the group
+    read all of it and its next record is in the target, so the old cluster can
+    go (a member that crossed and has read nothing in the target yet commits
+    just that).  Without the end offsets (the seal's settle is still owed)
+    every shard checkpointed on the source counts.  Each: ``group``,
+    ``members`` (None when another instance coordinates it), ``shards`` on the
+    source.
     """
     found: list[dict[str, Any]] = []
     for name in await groups.checkpoints.list_groups(vc):
-        shards = _on(await groups.checkpoints.read_group(vc, name), topic, source)
+        positions = _on(await groups.checkpoints.read_group(vc, name), topic, source)
+        shards = [
+            shard
+            for shard, offset in positions.items()
+            if source_ends is None or shard not in source_ends or offset < source_ends[shard]
+        ]
         if not shards:
             continue
         try:

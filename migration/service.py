@@ -145,7 +145,9 @@ class MigrationService:
         await self._gauge(vc, topic, orphans)
         lagging: list[dict[str, Any]] = []
         if self.groups is not None and migration.state in (State.CUT_OVER, State.COMPLETED):
-            lagging = await groups_on_source(self.groups, vc, topic, migration.source_epoch)
+            _row, epochs = await self.rt.db(self.rt.store.get_topic, vc, topic)
+            ends = next((e.end_offsets for e in epochs if e.number == migration.source_epoch), None)
+            lagging = await groups_on_source(self.groups, vc, topic, migration.source_epoch, ends)
         return {**migration.to_json(), "orphaned": orphans.to_json(), "groups_on_source": lagging}
 
     async def _save(self, migration: Migration, version: int | None) -> int:
