@@ -70,31 +70,37 @@ def broker(
     store: str = typer.Option("fps", help="Segment store: fps (durable) or memory."),
     segment_bytes_max: int = typer.Option(
         BrokerConfig.segment_bytes_max,
+        min=1,
         envvar="XINFRA_SEGMENT_BYTES_MAX",
         help="Seal segments at this size.",
     ),
     segment_age_s_max: float = typer.Option(
         BrokerConfig.segment_age_s_max,
+        min=0.001,
         envvar="XINFRA_SEGMENT_AGE_S_MAX",
         help="Seal segments at this age.",
     ),
     group_commit_ms: float = typer.Option(
         BrokerConfig.group_commit_ms,
+        min=0.0,
         envvar="XINFRA_GROUP_COMMIT_MS",
         help="Least ms between the starts of two flushes (an idle store flushes at once).",
     ),
     group_commit_bytes_max: int = typer.Option(
         BrokerConfig.group_commit_bytes_max,
+        min=1,
         envvar="XINFRA_GROUP_COMMIT_BYTES_MAX",
         help="Most bytes one flush (one WAL write and fsync) takes.",
     ),
     group_commit_records_max: int = typer.Option(
         BrokerConfig.group_commit_records_max,
+        min=1,
         envvar="XINFRA_GROUP_COMMIT_RECORDS_MAX",
         help="Most records one flush takes.",
     ),
     frame_bytes_max: int = typer.Option(
         BrokerConfig.frame_bytes_max,
+        min=1 << 16,
         envvar="XINFRA_FRAME_BYTES_MAX",
         help="Largest protocol frame accepted; a larger one closes its connection.",
     ),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import struct
 import subprocess
@@ -337,3 +338,19 @@ def test_a_broker_imports_neither_the_settings_nor_the_model() -> None:
         check=True,
     )
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_a_bad_store_option_from_the_environment_is_a_clear_refusal(tmp_path: Path) -> None:
+    """A zero segment size (it was 'take the settings' before the variable went to the flag) is
+    refused at start, naming the variable, instead of a broker that rolls at every append."""
+    result = subprocess.run(
+        [sys.executable, "-m", "backends.northguard.broker", "--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "XINFRA_SEGMENT_BYTES_MAX": "0", "COLUMNS": "200"},
+    )
+    assert result.returncode == 2, result
+    assert "XINFRA_SEGMENT_BYTES_MAX" in result.stderr and "--segment-bytes-max" in result.stderr
+    assert not any(tmp_path.iterdir()), "nothing was made for a broker that did not start"
