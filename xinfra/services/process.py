@@ -31,6 +31,11 @@ from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 
+READY_POLL_S = 0.01
+"""How often ``wait_ready`` asks: a readiness check is a connect or a GET to a local port, nothing
+at 100 a second, and at 20 a second every start waited 25 ms on average past its readiness (a
+broker's restart, timed to its port answering, fell on 50 ms steps)."""
+
 
 class ServiceError(RuntimeError):
     """A local service could not be started; the message names its log file."""
@@ -158,7 +163,7 @@ class ManagedProcess:
                     )
                 if ready():
                     return self
-                time.sleep(0.05)
+                time.sleep(READY_POLL_S)
         except BaseException:
             # Interrupted (Ctrl-C during start-up) or failed: the caller never gets this
             # process, so nobody else could stop it.

@@ -10,8 +10,6 @@ import logging
 import signal
 import time
 
-from prometheus_client import Gauge
-
 from backends.northguard.broker.server import Broker, BrokerConfig
 
 log = logging.getLogger("backends.northguard.broker")
@@ -76,11 +74,6 @@ async def _serve(config: BrokerConfig) -> None:
     gc.disable()
     await broker.start()
     start_s = time.monotonic() - started_s
-    Gauge(
-        "northguard_start_seconds",
-        "Time the last start took: store recovery (WAL replay) and the metadata journal",
-        registry=broker.metrics.registry,
-    ).set(start_s)
     # What exists now (modules, recovered state) lives as long as the process: out of the
     # collector's full scans, which otherwise stall the event loop 40-70 ms each under load
     # (measured), every append and ack waiting behind them.

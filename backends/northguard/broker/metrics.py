@@ -60,6 +60,11 @@ class BrokerMetrics:
         self.produce_streams = self.streams.labels("produce")  # a labels() call per open cost
         self.consume_streams = self.streams.labels("consume")  # more than the rest of the open
         self.topics = Gauge("northguard_topics", "Topics", registry=r)
+        self.start_seconds = Gauge(
+            "northguard_start_seconds",
+            "Time the last start took: the metadata journal, store recovery and the checks between",
+            registry=r,
+        )
 
     def watch_store(self, store: Any) -> None:
         """Export the store's own flush and fsync counters, read at scrape time.

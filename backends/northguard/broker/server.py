@@ -224,9 +224,19 @@ class Broker:
         )
 
     async def start(self) -> None:
+        """Recover, then serve health and metrics, then clients: the client port opens last, so
+        a client port that answers (what a launcher waits for) means the broker is up, its
+        health, metrics and start time served too (opened before them, a launcher polling every
+        10 ms could ask for health before the HTTP port listened)."""
+        started_s = self.runtime.monotonic_s()
         await self.coordinator.start()
         self._keeper_task = asyncio.create_task(self._keeper.run(), name="northguard-store-keeper")
+        self.metrics.start_seconds.set(self.runtime.monotonic_s() - started_s)
         network = self.runtime.network
+        if self.config.http_port is not None:
+            health = HealthServer(self.health, self.metrics.registry)
+            self._http = await network.serve(self.config.host, self.config.http_port, health.handle)
+            self.http_port = _bound_port(self._http, self.config.http_port)
         self._server = await network.serve_frames(
             self.config.host,
             self.config.port,
@@ -239,10 +249,6 @@ class Broker:
         self.coordinator.membership.address = address
         if self.config.coordinator is not None:
             self._join(self.config.coordinator, address)
-        if self.config.http_port is not None:
-            health = HealthServer(self.health, self.metrics.registry)
-            self._http = await network.serve(self.config.host, self.config.http_port, health.handle)
-            self.http_port = _bound_port(self._http, self.config.http_port)
         log.info(
             "northguard broker %s serving %s on %s:%s (http %s, plaintext), data in %s",
             self.config.broker_id,
