@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ng_harness import backend_for, in_process_broker, read_until, wait_for
@@ -11,6 +13,7 @@ from ng_harness import backend_for, in_process_broker, read_until, wait_for
 from backends.northguard import protocol
 from backends.northguard.batch import encode_batch
 from backends.northguard.broker.journal import FileJournal
+from backends.northguard.broker.server import Broker, BrokerConfig
 from backends.northguard.client.admin import AdminClient
 from backends.northguard.client.connection import ClientConnection
 from backends.northguard.client.produce_stream import ProduceStream
@@ -301,3 +304,36 @@ async def test_a_cancelled_delete_holds_the_topic_until_its_op_is_decided(tmp_pa
     await coordinator.create_topic("t", shard_ranges(1), {})  # the state machine is whole
     assert coordinator.list_topics() == ["t"]
     await broker.stop()
+
+
+async def test_the_client_port_opens_last_and_health_waits_for_it(tmp_path: Path) -> None:
+    """A launcher waits for the client port (``wait_ready``), ``xinfra up`` for ``/health``: either
+    answering means a broker that serves. Just before the client port opens, the HTTP port
+    already answers, with 503 and ``serving: false``, and the start time is recorded."""
+    broker = Broker(BrokerConfig(data_dir=tmp_path, port=0, http_port=0))
+    network = broker.runtime.network
+    open_client_port = network.serve_frames
+    seen: dict[str, object] = {}
+
+    async def serve_frames(*args: Any, **kwargs: Any) -> Any:
+        reader, writer = await asyncio.open_connection("127.0.0.1", broker.http_port)
+        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        response = await reader.read()
+        writer.close()
+        head, _, body = response.partition(b"\r\n\r\n")
+        seen["status"] = head.split(b" ", 2)[1]
+        seen["health"] = json.loads(body)
+        seen["start_seconds"] = broker.metrics.registry.get_sample_value("northguard_start_seconds")
+        return await open_client_port(*args, **kwargs)
+
+    network.serve_frames = serve_frames  # type: ignore[method-assign]
+    await broker.start()
+    try:
+        assert seen["status"] == b"503", seen
+        assert seen["health"]["serving"] is False, seen  # type: ignore[index]
+        start_seconds = seen["start_seconds"]
+        assert isinstance(start_seconds, float) and start_seconds > 0, seen
+        ok, details = broker.health()
+        assert ok and details["serving"] is True
+    finally:
+        await broker.stop()

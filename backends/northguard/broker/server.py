@@ -227,7 +227,7 @@ class Broker:
         """Recover, then serve health and metrics, then clients: the client port opens last, so
         a client port that answers (what a launcher waits for) means the broker is up, its
         health, metrics and start time served too (opened before them, a launcher polling every
-        10 ms could ask for health before the HTTP port listened)."""
+        10 ms could ask for health before the HTTP port listened); health says 503 until then."""
         started_s = self.runtime.monotonic_s()
         await self.coordinator.start()
         self._keeper_task = asyncio.create_task(self._keeper.run(), name="northguard-store-keeper")
@@ -302,15 +302,18 @@ class Broker:
         return self._tls is not None
 
     def health(self) -> tuple[bool, dict[str, Any]]:
+        """Healthy once the client port serves (``start`` opens it after this one: a probe of
+        either port then means the same) and while the store takes writes."""
         failure = self.store.failure
         self.metrics.topics.set(len(self.coordinator.state.topics))
-        return failure is None, {
+        return failure is None and self._server is not None, {
             "broker_id": self.config.broker_id,
             "topics": len(self.coordinator.state.topics),
             "ranges": len(self.coordinator.state.ranges),
             "segments": len(self.coordinator.state.segments),
             "role": "member" if self.config.coordinator is not None else "coordinator",
             "connections": len(self._connections),
+            "serving": self._server is not None,
             "store_failed": failure is not None,
             "store_error": None if failure is None else failure.message,
         }
