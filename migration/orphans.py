@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from metadata_service.runtime import Runtime
+from metadata_service.store.repository import EpochRow
 from xinfra.backend import Backend
 from xinfra.errors import XinfraError
 from xinfra.model import ClusterKind, EpochState
@@ -43,9 +44,8 @@ class Orphans:
         return asdict(self)
 
 
-async def find_orphans(rt: Runtime, vc: str, topic: str) -> Orphans:
-    """Count the records past the recorded end offsets of the topic's sealed Kafka epochs."""
-    _row, epochs = await rt.db(rt.store.get_topic, vc, topic)
+async def find_orphans(rt: Runtime, epochs: list[EpochRow]) -> Orphans:
+    """Count the records past the recorded end offsets of a topic's sealed Kafka epochs."""
     found = Orphans()
     for epoch in epochs:
         if epoch.state != EpochState.SEALED or epoch.end_offsets is None:

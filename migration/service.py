@@ -116,7 +116,8 @@ class MigrationService:
             if json.loads(body)["state"] not in (State.CUT_OVER, State.COMPLETED):
                 continue  # the source is not sealed: nothing can be orphaned yet
             try:
-                await self._gauge(vc, topic, await find_orphans(self.rt, vc, topic))
+                _row, epochs = await self.rt.db(self.rt.store.get_topic, vc, topic)
+                await self._gauge(vc, topic, await find_orphans(self.rt, epochs))
             except TopicNotFound:
                 continue  # deleted since its migration
         self.orphan_checks.inc()
@@ -141,11 +142,11 @@ class MigrationService:
         """The migration, with the records orphaned past its sealed Kafka epochs' end offsets and,
         once the source is sealed, the groups with live members still on it."""
         migration = await self.get(vc, topic)
-        orphans = await find_orphans(self.rt, vc, topic)
+        _row, epochs = await self.rt.db(self.rt.store.get_topic, vc, topic)  # read once for both
+        orphans = await find_orphans(self.rt, epochs)
         await self._gauge(vc, topic, orphans)
         lagging: list[dict[str, Any]] = []
         if self.groups is not None and migration.state in (State.CUT_OVER, State.COMPLETED):
-            _row, epochs = await self.rt.db(self.rt.store.get_topic, vc, topic)
             ends = next((e.end_offsets for e in epochs if e.number == migration.source_epoch), None)
             lagging = await groups_on_source(self.groups, vc, topic, migration.source_epoch, ends)
         return {**migration.to_json(), "orphaned": orphans.to_json(), "groups_on_source": lagging}
