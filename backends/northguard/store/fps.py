@@ -296,9 +296,9 @@ def _append_all(
     device): where each write starts, or ``NoDescriptor`` for a file that could not be opened;
     any other error is raised once all have finished.
 
-    Each file's frames are joined by the thread that writes them, just before: joined all at
-    once, a pass over 512 segments held a second copy of everything it wrote (up to
-    ``unwritten_bytes_max``) until its last write."""
+    Each file's frames are copied by the thread that writes them, straight into its aligned
+    buffer (or joined, buffered): joined all at once, a pass over 512 segments held a second
+    copy of everything it wrote (up to ``unwritten_bytes_max``) until its last write."""
     items = list(writes.items())
     outcomes: dict[SegmentFile, int | NoDescriptor] = {}
     for (file, _), outcome in zip(items, _side_by_side(_append_one, items, pool), strict=True):
@@ -317,7 +317,7 @@ def _pool(background: bool) -> ThreadPoolExecutor:
 
 def _append_one(write: tuple[SegmentFile, list[tuple[int, int, bytes]]]) -> int:
     file, frames = write
-    return file.append(b"".join(frame for _, _, frame in frames))
+    return file.append([frame for _, _, frame in frames])
 
 
 FLUSH_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, float("inf"))
@@ -462,7 +462,9 @@ class FpsStore(SegmentStore):
         self._index_given = index
         self._index: OffsetIndex | None = None
         self._wal_file_bytes_max = wal_file_bytes_max
-        self._wal = WriteAheadLog(self._disk, data_dir / "wal", file_bytes_max=wal_file_bytes_max)
+        self._wal = WriteAheadLog(
+            self._disk, data_dir / "wal", file_bytes_max=wal_file_bytes_max, direct=direct_io
+        )
         self._cache = ReadCache(read_cache_bytes_max)
         self.stats = FpsStoreStats()
         self.pool = FilePool(check_descriptors_max(descriptors_max))
@@ -779,7 +781,10 @@ class FpsStore(SegmentStore):
             self._dirty = set()
             self._index = None
             self._wal = WriteAheadLog(
-                self._disk, self.data_dir / "wal", file_bytes_max=self._wal_file_bytes_max
+                self._disk,
+                self.data_dir / "wal",
+                file_bytes_max=self._wal_file_bytes_max,
+                direct=self._direct_io,
             )
             try:
                 await self._runtime.run_blocking(self._recover)
@@ -1282,7 +1287,7 @@ class FpsStore(SegmentStore):
         an acknowledgement waits for (the segment files are written by ``_write_pending``)."""
         frames = [encode_frame(a.segment_id, a.base_offset, a.record_count, a.batch) for a in group]
         with self.syncs.tally() as made:  # not a checkpoint's, syncing beside it
-            self._wal.append(b"".join(frames))  # may roll: the retired file waits for a checkpoint
+            self._wal.append(frames)  # may roll: the retired file waits for a checkpoint
         return _FlushResult(frames=frames, fsyncs=made.count)
 
     def _complete(self, group: list[_Append], result: _FlushResult, flush_s: float) -> None:
@@ -1844,7 +1849,7 @@ class FpsStore(SegmentStore):
         new_ends: dict[str, SegmentEnd] = {}
         for sid, frames in replayed.items():
             segment = self._segments[sid]
-            segment.file.append(b"".join(frames))
+            segment.file.append(frames)
             assert segment.file.length == segment.end_position
             new_ends[sid] = SegmentEnd(segment.end_position, segment.end_offset)
         for sid in adopted:

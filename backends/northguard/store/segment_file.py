@@ -1,19 +1,10 @@
 """One segment's file: appends at the logical end, with O_DIRECT where the filesystem grants it.
 
-Direct I/O wants 4 KiB-aligned buffers, offsets and lengths.  The file keeps
-its partial last block (``tail``, under 4 KiB) in memory; an append writes
-``tail + data`` padded with zeros to whole blocks, from an anonymous
-``mmap`` (page-aligned), at the block where the tail starts, so the
-acknowledged prefix of the last block is rewritten with the same bytes.  The
-file's physical size is therefore a multiple of 4 KiB and may run past the
-logical end by up to 4095 zero bytes; the logical end (``length``) is the
-truth, is recorded in the offset index after each flush, and recovery
+Direct appends keep the file's partial last block in memory and rewrite it
+with each append (``direct_append``), so the file's physical size may run
+past the logical end by up to 4095 zero bytes; the logical end (``length``)
+is the truth, is recorded in the offset index after each flush, and recovery
 truncates the file back to it.  Nothing past ``length`` is ever read as data.
-
-This relies on a 4 KiB block write being atomic under power loss (true of the
-4Kn/NVMe devices we target); on a device where it is not, a torn rewrite of
-the last block shows up as ``CorruptData`` on the last acknowledged entry,
-never as wrong bytes.
 
 Reads go through a second, buffered handle: ``File.pread`` returns ``bytes``,
 whose buffer is not aligned, so it cannot read an O_DIRECT descriptor.  Linux
@@ -47,41 +38,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import mmap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from backends.northguard.runtime import Disk, File
+from backends.northguard.store.direct_append import BLOCK_BYTES, append_direct
 from backends.northguard.store.file_pool import FilePool
 
-BLOCK_BYTES = 4096
-REUSED_BUFFER_BYTES_MAX = 1 << 20
-"""Direct writes go through one aligned buffer per thread, reused, of at most this size; a
-larger write goes through it in pieces.  A map of its own per write cost a map, an unmap and a
-page fault per page: an eighth of the store's CPU with 10 KB appends to 512 segments, and
-100,000 faults per 4,000,000 records of 100 B to one range, whose writes of 1.2 MB each mapped
-their own (measured)."""
-_ZEROS = bytes(BLOCK_BYTES)
 log = logging.getLogger(__name__)
-_buffers = threading.local()
-
-
-def _aligned_buffer(size: int) -> mmap.mmap:
-    """This thread's page-aligned buffer, of at least ``size`` bytes (at most
-    ``REUSED_BUFFER_BYTES_MAX``), kept for its next write."""
-    assert size <= REUSED_BUFFER_BYTES_MAX, size
-    buffer: mmap.mmap | None = getattr(_buffers, "buffer", None)
-    if buffer is None or len(buffer) < size:
-        grown = 1 << max(16, (size - 1).bit_length())  # powers of two from 64 KiB: few regrowths
-        buffer = mmap.mmap(-1, min(grown, REUSED_BUFFER_BYTES_MAX))
-        _buffers.buffer = buffer  # the smaller one goes with its last reference
-    return buffer
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 class FileCreations:
@@ -261,14 +227,15 @@ class SegmentFile:
         if len(self._tail) != self.length - block_start:
             raise OSError(errno.EIO, f"{self.path}: short read of the last block")
 
-    def append(self, data: bytes) -> int:
-        """Write ``data`` at the logical end (not durable until ``fsync``); return where it starts."""
+    def append(self, parts: Sequence[bytes | memoryview]) -> int:
+        """Write ``parts``, in order, at the logical end (not durable until ``fsync``); return where
+        they start."""
         position = self.length
         with self._pool.use(self):
             reader, writer = self._handles()
             if writer is not None:
                 try:
-                    self._append_direct(writer, data)
+                    self._tail = append_direct(writer, self._tail, position, parts)
                 except OSError as error:
                     if error.errno != errno.EINVAL:
                         raise
@@ -280,39 +247,11 @@ class SegmentFile:
                     self._want_direct = False
                     self._pool.descriptors_released(1)
                     self._tail = b""
-                    reader.pwrite(data, position)
+                    reader.pwrite(b"".join(parts), position)
             else:
-                reader.pwrite(data, position)
-        self.length = position + len(data)
+                reader.pwrite(b"".join(parts), position)
+        self.length = position + sum(len(part) for part in parts)
         return position
-
-    def _append_direct(self, writer: File, data: bytes) -> None:
-        """``tail + data`` from the tail's block on, through the thread's buffer: in pieces of
-        its size when larger, each but the last whole blocks.  The tail moves only once all
-        are written (a failed piece leaves the file to be written again from the same place)."""
-        tail = self._tail
-        position = self.length - len(tail)
-        taken = 0
-        with memoryview(data) as rest:
-            while True:
-                piece = rest[taken : taken + REUSED_BUFFER_BYTES_MAX - len(tail)]
-                taken += len(piece)
-                payload_bytes = len(tail) + len(piece)
-                block_bytes = _round_up(payload_bytes, BLOCK_BYTES)
-                buffer = _aligned_buffer(block_bytes)
-                buffer[: len(tail)] = tail
-                buffer[len(tail) : payload_bytes] = piece
-                piece.release()
-                # past the logical end: zeros, never the bytes of an earlier write
-                buffer[payload_bytes:block_bytes] = _ZEROS[: block_bytes - payload_bytes]
-                with memoryview(buffer) as view, view[:block_bytes] as blocks:
-                    writer.pwrite(blocks, position)
-                if taken >= len(data):
-                    break
-                position += block_bytes  # a whole buffer: the next piece starts a block
-                tail = b""
-        new_tail_start = payload_bytes - payload_bytes % BLOCK_BYTES
-        self._tail = buffer[new_tail_start:payload_bytes]
 
     def read(self, position: int, size: int) -> bytes:
         """Up to ``size`` bytes at ``position``, never past the logical end the caller passes in."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from store_faults import FaultyRuntime, StoreFactory
 
-from backends.northguard.store import segment_file
+from backends.northguard.store import direct_append
 from xinfra.errors import StorageError, Unavailable
 
 
@@ -159,13 +159,13 @@ async def test_a_direct_write_larger_than_the_thread_buffer_goes_through_it_in_p
     """A segment write of several MiB (one hot range between checkpoints) uses the thread's
     reused buffer piece by piece: a map of its own cost a map, an unmap and a fault per page."""
     maps: list[int] = []
-    real_mmap = segment_file.mmap.mmap
+    real_mmap = direct_append.mmap.mmap
 
     def counting_mmap(fileno: int, length: int) -> mmap.mmap:
         maps.append(length)
         return real_mmap(fileno, length)
 
-    monkeypatch.setattr(segment_file.mmap, "mmap", counting_mmap)
+    monkeypatch.setattr(direct_append.mmap, "mmap", counting_mmap)
     store = await open_fps()
     await store.create_segment("s1", 0)
     if not store.direct_io("s1"):
@@ -176,7 +176,7 @@ async def test_a_direct_write_larger_than_the_thread_buffer_goes_through_it_in_p
     appends = [store.append("s1", 1 + n, 1, bytes([66 + n]) * size) for n, size in enumerate(sizes)]
     written += await asyncio.gather(*appends)
     assert await store.checkpoint()
-    assert maps and max(maps) <= segment_file.REUSED_BUFFER_BYTES_MAX
+    assert maps and max(maps) <= direct_append.REUSED_BUFFER_BYTES_MAX
     assert await store.read("s1", 0, 1 << 23) == written
     await store.crash()
     store = await open_fps()

@@ -18,7 +18,7 @@ def test_a_segment_file_on_a_full_disk_raises_enospc(small_disk: Path) -> None:
     try:
         with pytest.raises(OSError) as caught:  # a BufferError here would escape this block
             for _ in range(100):  # 10 MB into a 2 MiB tmpfs
-                file.append(b"x" * 100_000)
+                file.append([b"x" * 100_000])
         assert caught.value.errno == errno.ENOSPC, caught.value
         assert file.length < 100 * 100_000
     finally:

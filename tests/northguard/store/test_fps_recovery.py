@@ -11,7 +11,7 @@ import pytest
 from store_faults import FaultyRuntime, StoreFactory
 
 from backends.northguard.store import Entry, FpsStore, SegmentState
-from backends.northguard.store.framing import encode_frame
+from backends.northguard.store.framing import FrameStatus, decode_frame, encode_frame
 from xinfra.errors import CorruptData, OffsetOutOfRange, Sealed, StorageError, Unavailable
 
 
@@ -36,7 +36,14 @@ def wal_files(tmp_path: Path) -> list[Path]:
 
 
 def append_to(path: Path, data: bytes) -> None:
-    with path.open("ab") as handle:
+    """Write ``data`` where the WAL's next group would go: after its last frame, over the zeros
+    that pad its last block under O_DIRECT."""
+    content = path.read_bytes()
+    end = 0
+    while (decoded := decode_frame(content, end)).status is FrameStatus.OK:
+        end += decoded.frame_bytes
+    with path.open("r+b") as handle:
+        handle.seek(end)
         handle.write(data)
 
 
@@ -97,6 +104,37 @@ async def test_a_torn_wal_tail_is_dropped_quietly(
     assert await store.read("s1", 0, 1 << 20) == acked
     entry = await store.append("s1", 50, 10, b"after the torn tail")
     assert (await store.read("s1", 50, 100)) == [entry]
+
+
+async def test_a_direct_wal_pads_its_last_block_and_replays_it_without_a_torn_tail(
+    open_fps: StoreFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = await open_fps()
+    await store.create_segment("s1", 0)
+    if not store.direct_io("s1"):
+        pytest.skip(f"the filesystem of {tmp_path} refuses O_DIRECT")
+    acked = []
+    for n, size in enumerate((1, 4000, 5000, 97)):  # each its own flush: the last block rewritten
+        acked.append(await store.append("s1", n * 10, 10, payload(n, size)))
+    await store.crash()  # no checkpoint: the WAL is all they are in
+    (wal,) = wal_files(tmp_path)
+    logical = sum(len(encode_frame("s1", e.base_offset, 10, e.batch)) for e in acked)
+    assert wal.stat().st_size % 4096 == 0 and wal.stat().st_size > logical
+    with caplog.at_level(logging.INFO):
+        store = await open_fps()
+    assert "0 torn bytes dropped" in caplog.text and "ignoring" not in caplog.text
+    assert await store.read("s1", 0, 1 << 20) == acked
+    acked.append(await store.append("s1", 40, 10, payload(4, 300)))  # a new file, padded
+    await store.crash()
+    assert wal_files(tmp_path)[-1].stat().st_size == 4096
+    frame = encode_frame("s1", 50, 10, payload(7, 2000))
+    append_to(wal_files(tmp_path)[-1], frame[: len(frame) - 700])  # a write cut, zeros after it
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        store = await open_fps()
+    assert "never acknowledged" in caplog.text and "CRC mismatch" not in caplog.text
+    assert not list((tmp_path / "data" / "wal").glob("*.corrupt"))  # a torn tail, not corruption
+    assert await store.read("s1", 0, 1 << 20) == acked
 
 
 async def test_a_torn_header_and_zero_fill_are_dropped_too(
