@@ -210,16 +210,17 @@ async def test_o_direct_rejected_at_write_time_falls_back_to_buffered_io(
     await store.create_segment("s1", 0)
     if not store.direct_io("s1"):
         pytest.skip(f"the filesystem of {tmp_path} refuses O_DIRECT")
+    zeroth = await store.append("s1", 0, 1, b"zeroth")  # a direct WAL write: its block padded
     runtime.faulty_disk.einval_direct_writes = True  # e.g. a device with a 64 KiB logical block
     with caplog.at_level(logging.WARNING):
-        first = await store.append("s1", 0, 1, b"first")
+        first = await store.append("s1", 1, 1, b"first")  # the WAL's, over its padding
         assert await store.checkpoint()  # the segment file is written after the acknowledgement
-    assert "using buffered I/O" in caplog.text
+    assert "WAL" in caplog.text and caplog.text.count("using buffered I/O") == 2
     assert not store.direct_io("s1") and not store.failed
-    second = await store.append("s1", 1, 1, b"second")
+    second = await store.append("s1", 2, 1, b"second")
     await store.crash()
     store = await open_fps(runtime)
-    assert await store.read("s1", 0, 100) == [first, second]
+    assert await store.read("s1", 0, 100) == [zeroth, first, second]
 
 
 async def test_direct_io_can_be_turned_off(open_fps: StoreFactory) -> None:
