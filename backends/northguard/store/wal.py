@@ -5,18 +5,20 @@ filesystem grants it (``direct_append``: a group's frames are copied once,
 into an aligned buffer, and the last partial block is padded with zeros that
 the next group overwrites; a buffered write copied every byte into the page
 cache, the WAL's largest cost with 10 KB appends to 512 ranges) and rolled
-when the next group would take the current one past ``file_bytes_max``.  A file is **retired** when a newer one exists.  A flush
-writes its frames to the segment files but does not fsync them (the WAL's
-fsync is what acknowledges); a **checkpoint** of the store rolls the WAL,
-fsyncs the segment files written since the last one and records their ends
-in the offset index, and only then removes the files it retired: until then
-they are what recovery replays.
+when the next group would take the current one past ``file_bytes_max``.  A
+file is **retired** when a newer one exists.  A flush writes its frames to
+the segment files but does not fsync them (the WAL's fsync is what
+acknowledges); a **checkpoint** of the store rolls the WAL, fsyncs the
+segment files written since the last one and records their ends in the
+offset index, and only then removes the files it retired: until then they
+are what recovery replays.
 
 Replay stops at the zeros that pad a file's last block (nothing was lost
-there) and distinguishes a **torn tail** (the last frame of the last flush cut by
-a crash; that flush was never acknowledged, so it is dropped quietly) from
-**corruption** (a frame whose CRC fails with valid frames after it: data that
-may have been acknowledged).  Corruption is logged as an error, the damaged
+there) and distinguishes a **torn tail** (the last frame of the last flush
+cut by a crash, with nothing but zeros after it; that flush was never
+acknowledged, so it is dropped quietly) from **corruption** (a frame whose
+CRC fails with something other than zeros after it: data that may have been
+acknowledged).  Corruption is logged as an error, the damaged
 frame is skipped, and the file is kept as ``<name>.corrupt`` for inspection.
 """
 
