@@ -467,9 +467,10 @@ def held_flight(
     (then answered 204): while it is out, later commits gather into one batch."""
     store = service.app.state.groups.checkpoints.store
     buffer = service.app.state.groups.checkpoints.buffer
-    upsert, gate = store.upsert, threading.Event()
+    upsert, gate, entered = store.upsert, threading.Event(), threading.Event()
 
     def held(rows: Any) -> None:
+        entered.set()
         gate.wait(60)
         upsert(rows)
 
@@ -488,10 +489,10 @@ def held_flight(
             ).encode()
             + body
         )
-        deadline = time.monotonic() + 30
-        while buffer.in_flight != 1:
-            assert time.monotonic() < deadline, "the held commit never flew"
-            time.sleep(0.001)  # polls the condition; the held flight is the synchronisation
+        # Held once its flight is in the upsert, not once it is taken: a flight taken but not
+        # yet started would find the upsert restored below, land at once and wake the batch.
+        assert entered.wait(30), "the held commit never flew"
+        assert buffer.in_flight == 1
         monkeypatch.setattr(store, "upsert", upsert)  # later flights write at once
         try:
             yield
