@@ -138,8 +138,11 @@ class WriteAheadLog:
         self._sequence = sequence
         self._open_next()
 
+    def _current_path(self) -> Path:
+        return self._directory / f"{self._sequence:016d}{SUFFIX}"
+
     def _open_next(self) -> None:
-        path = self._directory / f"{self._sequence:016d}{SUFFIX}"
+        path = self._current_path()
         create_durably(self._disk, path)
         self._file = self._disk.open(path, create=False, direct=self._direct)
         self._position = 0
@@ -167,7 +170,7 @@ class WriteAheadLog:
         """An aligned write refused (a device with larger logical blocks): this file goes on
         buffered, from the logical end (the zeros of the last padding are overwritten)."""
         assert self._file is not None
-        path = self._directory / f"{self._sequence:016d}{SUFFIX}"
+        path = self._current_path()
         log.warning("WAL %s: O_DIRECT write refused (%s); using buffered I/O", path, refusal)
         self._file.close()
         self._file = self._disk.open(path, create=False)
@@ -177,7 +180,7 @@ class WriteAheadLog:
     def roll(self) -> None:
         assert self._file is not None
         self._file.close()
-        self._retired.append(self._directory / f"{self._sequence:016d}{SUFFIX}")
+        self._retired.append(self._current_path())
         self._sequence += 1
         self._file = None
         self._open_next()
