@@ -105,14 +105,17 @@ class _StoreCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         stats = self._store.stats
         pool = self._store.pool
-        syncs = self._store.syncs
+        # One reading of the counts: the total, the kinds and the per-flush gauge of one scrape agree.
+        synced = self._store.syncs.by_kind()
+        store_synced = sum(synced.values())  # the journal counts its own
+        flushes = stats.flushes
         creations = self._store.file_creations
         for name, help_text, value in (
-            ("northguard_store_flushes", "Group commits (flushes) done", stats.flushes),
+            ("northguard_store_flushes", "Group commits (flushes) done", flushes),
             (
                 "northguard_store_fsyncs",
                 "fsync calls the store made, every kind (WAL, segment files, directories, index)",
-                syncs.get(),
+                store_synced,
             ),
             (
                 "northguard_store_flush_fsyncs",
@@ -193,14 +196,14 @@ class _StoreCollector(Collector):
             "fsync calls the store made, by kind of file, counted as each returned",
             labels=["kind"],
         )
-        for kind, count in syncs.by_kind().items():
+        for kind, count in synced.items():
             if kind != "journal":
                 by_kind.add_metric([kind], count)
         yield by_kind
         yield GaugeMetricFamily(
             "northguard_store_fsyncs_per_flush",
             "Every fsync the store made per flush since start (checkpoints' segment syncs included)",
-            syncs.get() / stats.flushes if stats.flushes else 0.0,
+            store_synced / flushes if flushes else 0.0,
         )
         buckets = []
         cumulative = 0
