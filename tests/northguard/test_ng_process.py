@@ -179,6 +179,7 @@ def test_health_metrics_and_a_clean_sigterm(tmp_path: Path) -> None:
         assert float(samples["northguard_store_flushed_records_total"]) == 1
         assert float(samples["northguard_store_segments"]) >= 1
         assert float(samples["northguard_store_unwritten_bytes"]) >= 0
+        assert float(samples["northguard_store_wal_bytes"]) >= 0  # 0 once a checkpoint ran
         assert process.popen is not None
         process.popen.send_signal(signal.SIGTERM)
         assert process.popen.wait(timeout=30) == 0

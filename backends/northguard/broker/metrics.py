@@ -241,6 +241,12 @@ class _StoreCollector(Collector):
             "Acknowledged frame bytes waiting in memory (and in the WAL) for a write to their segment files",
             self._store.unwritten_bytes(),
         )
+        yield GaugeMetricFamily(
+            "northguard_store_wal_bytes",
+            "Acknowledged frame bytes the WAL holds until a checkpoint releases them: what a crash "
+            "now would replay (0 once everything acknowledged is in synced segment files)",
+            self._store.wal_bytes(),
+        )
 
 
 class _CoordinatorCollector(Collector):

@@ -830,6 +830,11 @@ class FpsStore(SegmentStore):
         segment files: memory the store holds, up to about ``unwritten_bytes_max``."""
         return self._unwritten_bytes
 
+    def wal_bytes(self) -> int:
+        """Acknowledged frame bytes the WAL holds until a checkpoint releases them (written to
+        their segment files or not): 0 once everything acknowledged is in synced segment files."""
+        return self._wal.held_bytes
+
     # -- segments --------------------------------------------------------------------------------
 
     def segment(self, segment_id: str) -> SegmentInfo:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,8 @@ class WriteAheadLog:
         self._file: File | None = None
         self._position = 0
         self._retired: list[Path] = []
+        self._held: dict[Path, int] = {}  # files before the current one not removed yet: bytes
+        self._held_lock = threading.Lock()  # rolls and removals run on worker threads
 
     def existing(self) -> list[Path]:
         return [
@@ -180,9 +183,13 @@ class WriteAheadLog:
     def roll(self) -> None:
         assert self._file is not None
         self._file.close()
-        self._retired.append(self._current_path())
+        path = self._current_path()
+        self._retired.append(path)
         self._sequence += 1
         self._file = None
+        with self._held_lock:  # one step for a reader: the bytes move, never counted twice or not
+            self._held[path] = self._position
+            self._position = 0
         self._open_next()
 
     def next_sequence(self) -> int:
@@ -205,16 +212,27 @@ class WriteAheadLog:
     def remove(self, paths: list[Path]) -> None:
         for path in paths:
             self._disk.remove(path)
+            with self._held_lock:
+                self._held.pop(path, None)
 
     @property
     def position(self) -> int:
         """Bytes in the current file."""
         return self._position
 
+    @property
+    def held_bytes(self) -> int:
+        """Frame bytes no checkpoint has released yet (the current file's, and those of rolled
+        files not removed): what a crash now would replay."""
+        with self._held_lock:
+            return self._position + sum(self._held.values())
+
     def remove_retired(self) -> None:
         """Call only once the offset index is synced: the retired files are then redundant."""
         for path in self._retired:
             self._disk.remove(path)
+            with self._held_lock:
+                self._held.pop(path, None)
         self._retired.clear()
 
     def sync_directory(self) -> None:

@@ -146,6 +146,26 @@ async def test_unwritten_bytes_count_acknowledged_frames_until_a_write_takes_the
     assert store.unwritten_bytes() == 0
 
 
+async def test_wal_bytes_are_what_a_crash_would_replay_until_a_checkpoint_releases_them(
+    open_fps: StoreFactory,
+) -> None:
+    # No timed checkpoint; no cache, so a read writes the frames to their segment file.
+    store = await open_fps(checkpoint_ms=60_000, read_cache_bytes_max=0)
+    await store.create_segment("s1", 0)
+    assert store.wal_bytes() == 0
+    await store.append("s1", 0, 1, b"x" * 1000)
+    await store.append("s1", 1, 1, b"y" * 500)
+    held = frame_bytes_of("s1", 1000) + frame_bytes_of("s1", 500)
+    assert store.wal_bytes() == held
+    await store.read("s1", 0, 1 << 20)
+    assert store.unwritten_bytes() == 0  # in the segment file, not yet synced: still held
+    assert store.wal_bytes() == held
+    assert await store.checkpoint()  # rolls the WAL, syncs the file, removes the rolled file
+    assert store.wal_bytes() == 0
+    await store.append("s1", 2, 1, b"z" * 10)
+    assert store.wal_bytes() == frame_bytes_of("s1", 10)
+
+
 async def test_store_read_cache_serves_the_tail_within_its_bound(open_fps: StoreFactory) -> None:
     store = await open_fps(read_cache_bytes_max=20_000)
     await store.create_segment("s1", 0)
