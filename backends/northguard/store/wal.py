@@ -105,9 +105,8 @@ class WriteAheadLog:
                 continue
             # Only zeros after a damaged frame (the end of the file, or a direct write's padding):
             # the last flush's, cut by a crash.
-            after = position + decoded.frame_bytes
-            last = (
-                decoded.status is FrameStatus.BAD_BODY and data.count(0, after) == len(data) - after
+            last = decoded.status is FrameStatus.BAD_BODY and _zeros_from(
+                data, position + decoded.frame_bytes
             )
             if decoded.status is FrameStatus.BAD_BODY and not last:
                 # The header is intact, so the frame's length is known and the frames after it are readable.
@@ -229,10 +228,7 @@ class WriteAheadLog:
 
     def remove_retired(self) -> None:
         """Call only once the offset index is synced: the retired files are then redundant."""
-        for path in self._retired:
-            self._disk.remove(path)
-            with self._held_lock:
-                self._held.pop(path, None)
+        self.remove(self._retired)
         self._retired.clear()
 
     def sync_directory(self) -> None:
@@ -251,6 +247,9 @@ class WriteAheadLog:
 def _padding(data: bytes, position: int) -> bool:
     """Whether the bytes from ``position`` on are the zeros that pad a direct write's last block."""
     rest = len(data) - position
-    return (
-        len(data) % BLOCK_BYTES == 0 and 0 < rest < BLOCK_BYTES and data.count(0, position) == rest
-    )
+    return len(data) % BLOCK_BYTES == 0 and 0 < rest < BLOCK_BYTES and _zeros_from(data, position)
+
+
+def _zeros_from(data: bytes, position: int) -> bool:
+    """Whether every byte from ``position`` to the end is zero (true when none follows)."""
+    return data.count(0, position) == len(data) - position
