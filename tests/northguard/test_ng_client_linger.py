@@ -1,8 +1,9 @@
 """The Northguard producer's linger waits only while the shard's pipe is busy.
 
-A record sent to a shard with nothing in flight leaves at the end of the
-event-loop turn (with whatever else that turn sent to the shard), not after
-``linger_ms``; records sent while a batch is in flight wait for its
+A record sent to a shard with nothing in flight leaves with its connection's
+next write (at the end of the event-loop turn, or when the write gap after a
+recent write ends), with whatever else the shard was sent until then, not
+after ``linger_ms``; records sent while a batch is in flight wait for its
 acknowledgement (or the linger, whichever comes first) and then go as one
 batch.  The linger here is ten minutes: a send that completes did not wait
 for it.  Batches are counted by the broker's own append counter.
@@ -12,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from ng_harness import backend_for, broker_metrics
 
+from backends.northguard.client import connection as client_connection
 from backends.northguard.launcher import NorthguardProcess
 from xinfra.backend import ProducerOptions
 from xinfra.keyspace import shard_ranges
@@ -59,9 +62,34 @@ async def test_an_idle_shard_sends_without_waiting_for_the_linger(
         await backend.close()
 
 
-async def test_sends_behind_a_batch_in_flight_go_as_one_batch_at_its_ack(
-    private_broker: NorthguardProcess,
+async def test_an_idle_shard_seals_at_the_write_so_sends_within_the_gap_are_one_batch(
+    private_broker: NorthguardProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Two turns' sends to an idle shard right after a write: its records could not leave
+    before the gap ends, so they are sealed then, as one batch (sealed at the end of the first
+    turn, the second turn's send lingered behind that batch and made a second one)."""
+    monkeypatch.setattr(client_connection, "WRITE_GAP_S", 1.0)
+    backend = backend_for(private_broker.url)
+    try:
+        await backend.create_topic("gap", shard_ranges(1))
+        producer = backend.producer("gap", ProducerOptions(linger_ms=LINGER_MS))
+        await producer.send(0, [Record(b"warm")])  # the stream is open; its write was just now
+        before = appends(private_broker)
+        first = producer.send(0, [Record(b"first")])
+        await asyncio.sleep(0)  # the turn ends inside the gap: nothing is written yet
+        second = producer.send(0, [Record(b"second")])
+        offsets = await asyncio.wait_for(asyncio.gather(first, second), WAIT_S)
+        assert offsets == [[1], [2]]
+        assert appends(private_broker) - before == 1
+        await producer.close()
+    finally:
+        await backend.close()
+
+
+async def test_sends_behind_a_batch_in_flight_go_as_one_batch_at_its_ack(
+    private_broker: NorthguardProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client_connection, "WRITE_GAP_S", 0.0)  # the first batch leaves at once
     backend = backend_for(private_broker.url)
     try:
         await backend.create_topic("busy", shard_ranges(1))

@@ -163,6 +163,8 @@ class ClientConnection:
         self._last_write_s = float("-inf")  # the loop's clock at the last write
         self._queued_since_s = 0.0  # ``time.monotonic()`` when the outbox's oldest frame came
         self._writing: asyncio.Task[None] | None = None  # waits for the transport to drain
+        self._hooks: list[Callable[[], None]] = []  # run before the next write (``before_write``)
+        self._running_hooks = False
         self._loop = asyncio.get_running_loop()
         writer.transport.set_write_buffer_limits(high=WRITE_BYTES_MAX)
         self._task = asyncio.create_task(self._read_loop(), name=f"northguard-conn-{address}")
@@ -301,13 +303,8 @@ class ClientConnection:
         self._outbox_bytes += len(data)
         due = self._write_due
         if due is None:
-            self._queued_since_s = time.monotonic()
-            delay_s = self._last_write_s + WRITE_GAP_S - self._loop.time()
-            self._write_waits = delay_s > 0
-            if self._write_waits:
-                self._write_due = self._loop.call_later(delay_s, self._on_write_due)
-            else:
-                self._write_due = self._loop.call_soon(self._on_write_due)
+            if not self._running_hooks:
+                self._schedule_write()
         elif self._outbox_bytes >= LONG_TURN_BYTES:
             if time.monotonic() - self._queued_since_s >= LONG_TURN_S:  # a long turn: now
                 due.cancel()
@@ -317,8 +314,41 @@ class ClientConnection:
                 self._write_waits = False
                 self._write_due = self._loop.call_soon(self._on_write_due)
 
+    def before_write(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` right before the next write, which is scheduled as ``send`` schedules one:
+        the frames it queues leave with that write.
+
+        A producer seals an idle shard's records here rather than in a handle of
+        its own at the end of the turn: they could not leave sooner, and with
+        hundreds of ranges written at once that handle was one per batch.  On a
+        failed connection the hooks run at the next turn (their frames then go
+        to the owner's next stream)."""
+        if self.failure is not None:
+            raise self.failure
+        self._hooks.append(hook)
+        if self._write_due is None and not self._running_hooks:
+            self._schedule_write()
+
+    def _schedule_write(self) -> None:
+        self._queued_since_s = time.monotonic()
+        delay_s = self._last_write_s + WRITE_GAP_S - self._loop.time()
+        self._write_waits = delay_s > 0
+        if self._write_waits:
+            self._write_due = self._loop.call_later(delay_s, self._on_write_due)
+        else:
+            self._write_due = self._loop.call_soon(self._on_write_due)
+
     def _on_write_due(self) -> None:
         self._write_due = None
+        hooks = self._hooks
+        if hooks:
+            self._hooks = []
+            self._running_hooks = True  # their frames go with this write, not a next one
+            try:
+                for hook in hooks:
+                    hook()
+            finally:
+                self._running_hooks = False
         self._last_write_s = self._loop.time()
         self._write_outbox()
 
@@ -443,6 +473,9 @@ class ClientConnection:
         if self._write_due is not None:
             self._write_due.cancel()
             self._write_due = None
+        hooks, self._hooks = self._hooks, []
+        for hook in hooks:
+            self._loop.call_soon(hook)
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(failure)

@@ -33,7 +33,7 @@ class ProduceStream:
         on_failure: Callable[[XinfraError], None],
         window_bytes: int = PRODUCE_WINDOW_BYTES,
     ) -> None:
-        self._connection = connection
+        self.connection = connection
         self.topic = topic
         self.range_id = range_id
         self.producer_id = producer_id
@@ -68,7 +68,7 @@ class ProduceStream:
     def append(self, seq: int, batch: bytes) -> None:
         self._sizes[seq] = len(batch)
         self.inflight_bytes += len(batch)
-        self._connection.send(protocol.encode_append(self.stream_id, seq, batch))
+        self.connection.send(protocol.encode_append(self.stream_id, seq, batch))
 
     def on_frame(self, kind: MsgType, body: bytes) -> None:
         if kind is _ACK:
@@ -85,7 +85,7 @@ class ProduceStream:
                 self.opened.set_result(None)
         elif kind is MsgType.STREAM_ERROR:
             _, payload = protocol.decode_json(body)
-            self._connection.forget_stream(self.stream_id)
+            self.connection.forget_stream(self.stream_id)
             self.on_failure(error_of(payload))
         else:
             self.on_failure(ProtocolError(f"unexpected {kind.name} on a produce stream"))
@@ -100,7 +100,7 @@ class ProduceStream:
         self._on_failure(error)
 
     def close(self) -> None:
-        if self.failure is None and not self._connection.closed:
-            self._connection.send(protocol.encode_stream_close(self.stream_id))
-        self._connection.forget_stream(self.stream_id)
+        if self.failure is None and not self.connection.closed:
+            self.connection.send(protocol.encode_stream_close(self.stream_id))
+        self.connection.forget_stream(self.stream_id)
         self.failure = self.failure or XinfraError("produce stream closed")

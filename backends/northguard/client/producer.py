@@ -6,9 +6,11 @@ out on the shard's produce stream while its window has room; Acks resolve
 each ``send`` future with its offsets.
 
 **The linger waits only behind a batch in flight.**  A shard with nothing
-sent and unacknowledged seals what one turn of the event loop gave it at the
-end of that turn: waiting would batch nothing more at a low rate and only
-add ``linger_ms`` to every record.  While a batch is in flight, records
+sent and unacknowledged seals what it was given when its connection next
+writes: at the end of the turn, or when the write gap after a recent write
+ends (``connection``), since its batch could not leave sooner; waiting longer
+would batch nothing more at a low rate and only add ``linger_ms`` to every
+record.  While a batch is in flight, records
 accumulate until ``batch_bytes_max``, ``linger_ms`` or the Ack that leaves
 the shard with nothing in flight, whichever comes first, so under load
 batches grow with the round trip (as Nagle's algorithm does) and the linger
@@ -149,6 +151,7 @@ class _Shard:
         "range_id",
         "records",
         "reopening",
+        "sealing",
         "stale",
         "stream",
         "timer",
@@ -165,6 +168,7 @@ class _Shard:
         self.parts: list[tuple[_Call, int, int]] = []
         self.pending_bytes = 0
         self.timer: asyncio.Handle | None = None  # seals the records at the end of the turn
+        self.sealing = False  # its records are sealed at its connection's next write
         self.linger_at = 0.0  # loop time its linger seals the records (0: not lingering)
         self.queue: deque[_Batch] = deque()  # encoded, not sent on the current stream
         self.unacked: deque[_Batch] = deque()  # sent on the current stream
@@ -211,6 +215,7 @@ class NorthguardProducer(ShardProducer):
         self._first_opens: dict[str, tuple[asyncio.Task[None], list[_Shard]]] = {}
         self._lingering: deque[tuple[float, _Shard]] = deque()  # see ``_linger``
         self._linger_timer: asyncio.TimerHandle | None = None
+        self._at_write: dict[ClientConnection, list[_Shard]] = {}  # see ``_seal_at_write``
 
     # -- send ------------------------------------------------------------------------------------
 
@@ -267,14 +272,35 @@ class NorthguardProducer(ShardProducer):
             start = end
             if state.pending_bytes >= batch_bytes_max or len(state.records) >= BATCH_RECORDS_MAX:
                 self._seal(state)
-        if state.records and state.timer is None and not state.linger_at:
+        if state.records and not state.sealing and state.timer is None and not state.linger_at:
             if self._linger_s <= 0:
                 self._seal(state)
-            elif not state.unacked and not state.queue:  # the pipe is idle: go this turn
-                state.timer = self._loop.call_soon(self._seal_due, state)
+            elif not state.unacked and not state.queue:  # the pipe is idle: go with the write
+                self._seal_at_write(state)
             else:
                 self._linger(state)
         return future
+
+    def _seal_at_write(self, state: _Shard) -> None:
+        """Seal an idle shard's records when its connection next writes (at the end of this turn,
+        or when the write gap ends: they could not leave sooner), with whatever else that time
+        sent to the shard; without an open stream, at the end of the turn."""
+        stream = state.stream
+        connection = stream.connection if stream is not None and stream.failure is None else None
+        if connection is None or connection.closed:
+            state.timer = self._loop.call_soon(self._seal_due, state)
+            return
+        waiting = self._at_write.get(connection)
+        if waiting is None:
+            waiting = self._at_write[connection] = []
+            connection.before_write(functools.partial(self._on_write, connection))
+        waiting.append(state)
+        state.sealing = True
+
+    def _on_write(self, connection: ClientConnection) -> None:
+        for state in self._at_write.pop(connection, ()):
+            if state.sealing:
+                self._seal(state)
 
     def _seal_due(self, state: _Shard) -> None:
         """The shard's end-of-turn timer fired: nothing left to cancel."""
@@ -317,6 +343,7 @@ class NorthguardProducer(ShardProducer):
         if state.timer is not None:
             state.timer.cancel()
             state.timer = None
+        state.sealing = False  # its entry waiting for the write is skipped
         state.linger_at = 0.0  # its entry in the linger queue is skipped when it comes up
         if not state.records:
             return
