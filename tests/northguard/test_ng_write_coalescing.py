@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import uvloop
-from ng_harness import WAIT_S, backend_for, in_process_broker
+from ng_harness import WAIT_S, backend_for, in_process_broker, wait_for
 
 from backends.northguard import protocol
 from backends.northguard.broker.server import Broker
@@ -144,3 +144,63 @@ async def _a_long_turn_writes_its_frames_before_it_ends() -> None:
         await connection.close()
         listener.close()
         reader.join(WAIT_S)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_write_hook_runs_with_the_write_or_after_the_connection_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loop: str
+) -> None:
+    """``before_write`` is how a producer seals an idle shard's records: its frames must leave
+    with the write it waited for, and a connection that fails first must still run it (the
+    records then go to the producer's next stream), never leave them unsealed."""
+    monkeypatch.setattr(client_connection, "WRITE_GAP_S", 3600.0)
+    run = uvloop.run if loop == "uvloop" else asyncio.run
+    run(_a_write_hook_runs_with_the_write_or_after_the_connection_fails(tmp_path))
+
+
+async def _a_write_hook_runs_with_the_write_or_after_the_connection_fails(tmp_path: Path) -> None:
+    broker = await in_process_broker(tmp_path / "broker", store="memory")
+    connection = await ClientConnection.open(RealRuntime(), f"127.0.0.1:{broker.port}", WAIT_S)
+    try:
+        await asyncio.wait_for(connection.request("ping", WAIT_S), WAIT_S)
+
+        # Right behind that write: the hook waits for the gap, then its frame goes with the
+        # write that the outbox's filling forces.
+        def pings() -> float:
+            return (
+                broker.metrics.registry.get_sample_value(
+                    "northguard_requests_total", {"op": "ping"}
+                )
+                or 0.0
+            )
+
+        before = pings()
+        loop = asyncio.get_running_loop()
+        hooked: asyncio.Future[None] = loop.create_future()
+
+        def hook() -> None:
+            connection.send(protocol.encode_json(MsgType.REQUEST, 7, {"op": "ping"}))
+            hooked.set_result(None)
+
+        connection.before_write(hook)
+        await asyncio.sleep(0)
+        assert not hooked.done(), "the hook ran before the write it waited for"
+        pad = "x" * (WRITE_BYTES_MAX // 2)
+        for correlation in (1 << 30, (1 << 30) + 1):  # answers nobody waits for
+            connection.send(
+                protocol.encode_json(MsgType.REQUEST, correlation, {"op": "ping", "pad": pad})
+            )
+        await asyncio.wait_for(hooked, WAIT_S)
+
+        async def all_three_arrived() -> bool:
+            return pings() - before == 3
+
+        await wait_for(all_three_arrived, "the hook's frame, with the write it waited for")
+        # Behind the next gap again, then the broker goes: the hook still runs.
+        ran: asyncio.Future[bool] = loop.create_future()
+        connection.before_write(lambda: ran.set_result(connection.closed))
+        await broker.stop()
+        assert await asyncio.wait_for(ran, WAIT_S) is True  # run once the connection failed
+    finally:
+        await connection.close()
+        await broker.stop()
