@@ -204,3 +204,24 @@ async def _a_write_hook_runs_with_the_write_or_after_the_connection_fails(tmp_pa
     finally:
         await connection.close()
         await broker.stop()
+
+
+def test_a_hook_registered_by_a_hook_gets_a_write_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hooks run with the send side held (their frames go with the write under way), so one that
+    a hook registers must still get a write scheduled, not wait for an unrelated send."""
+    monkeypatch.setattr(client_connection, "WRITE_GAP_S", 0.0)
+    asyncio.run(_a_hook_registered_by_a_hook_gets_a_write_of_its_own(tmp_path))
+
+
+async def _a_hook_registered_by_a_hook_gets_a_write_of_its_own(tmp_path: Path) -> None:
+    broker = await in_process_broker(tmp_path / "broker", store="memory")
+    connection = await ClientConnection.open(RealRuntime(), f"127.0.0.1:{broker.port}", WAIT_S)
+    try:
+        inner: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        connection.before_write(lambda: connection.before_write(lambda: inner.set_result(None)))
+        await asyncio.wait_for(inner, WAIT_S)
+    finally:
+        await connection.close()
+        await broker.stop()

@@ -351,6 +351,8 @@ class ClientConnection:
                 self._running_hooks = False
         self._last_write_s = self._loop.time()
         self._write_outbox()
+        if self._hooks and self._write_due is None:  # one a hook registered: the next write
+            self._schedule_write()
 
     def _write_outbox(self, everything: bool = False) -> None:
         """Hand the transport the outbox's frames, in order, ``WRITE_BYTES_MAX`` at a time while
