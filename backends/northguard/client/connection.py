@@ -303,8 +303,7 @@ class ClientConnection:
         self._outbox_bytes += len(data)
         due = self._write_due
         if due is None:
-            if not self._running_hooks:
-                self._schedule_write()
+            self._schedule_write()
         elif self._outbox_bytes >= LONG_TURN_BYTES:
             if time.monotonic() - self._queued_since_s >= LONG_TURN_S:  # a long turn: now
                 due.cancel()
@@ -326,10 +325,13 @@ class ClientConnection:
         if self.failure is not None:
             raise self.failure
         self._hooks.append(hook)
-        if self._write_due is None and not self._running_hooks:
-            self._schedule_write()
+        self._schedule_write()
 
     def _schedule_write(self) -> None:
+        """Schedule the next write, unless one is due or the hooks of the one under way are
+        running (what they queue leaves with it)."""
+        if self._write_due is not None or self._running_hooks:
+            return
         self._queued_since_s = time.monotonic()
         delay_s = self._last_write_s + WRITE_GAP_S - self._loop.time()
         self._write_waits = delay_s > 0
@@ -351,7 +353,7 @@ class ClientConnection:
                 self._running_hooks = False
         self._last_write_s = self._loop.time()
         self._write_outbox()
-        if self._hooks and self._write_due is None:  # one a hook registered: the next write
+        if self._hooks:  # registered by a hook: the next write
             self._schedule_write()
 
     def _write_outbox(self, everything: bool = False) -> None:
