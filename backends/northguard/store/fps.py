@@ -213,8 +213,11 @@ _BACKGROUND_POOL = ThreadPoolExecutor(
     initializer=lower_thread_priority,
 )
 """The same for work nothing waits on (``Runtime.run_background``): the writer's own passes and
-timed checkpoints.  A seal, a delete, a close or a read that needs unwritten frames waits for
-its pass or checkpoint, which then runs at the caller's priority (``_FSYNC_POOL``)."""
+timed checkpoints, on threads that run only on a CPU nothing else wants
+(``lower_thread_priority``).  A seal, a delete, a close or a read that needs unwritten frames
+waits for its pass or checkpoint, which then runs at the caller's priority (``_FSYNC_POOL``), and
+so do a pass that the bound of unwritten bytes forces and a checkpoint that releases a full WAL
+file: neither may fall behind."""
 
 UNWRITTEN_BYTES_MAX = 192 * 1024 * 1024
 """The default bound of acknowledged bytes held for their segment files, and of a WAL file (see
@@ -487,7 +490,7 @@ class FpsStore(SegmentStore):
         self._ripe: dict[str, None] = {}  # ... whose frames reach segment_write_bytes (or retried)
         self._unwritten_bytes = 0  # pending bytes, all segments
         self._write_all = False  # the next writer pass takes every segment, ripe or not
-        self._write_waited = False  # ... and a read waits for it: at the caller's priority
+        self._write_urgent = False  # ... and must not wait for an idle CPU: a read, the bound
         self._segment_write_bytes = segment_write_bytes
         self._unwritten_bytes_max = unwritten_bytes_max
         self._write_lock = asyncio.Lock()  # one writer pass at a time; seals and deletes wait
@@ -1325,6 +1328,7 @@ class FpsStore(SegmentStore):
             self._arm_checkpoint()
         if self._unwritten_bytes >= self._unwritten_bytes_max:
             self._write_all = True
+            self._write_urgent = True  # memory held for the files: not behind every busy thread
         if self._ripe or self._write_all:
             self._write_wakeup.set()
         self.stats.flushes += 1
@@ -1347,16 +1351,18 @@ class FpsStore(SegmentStore):
         appends to 512 segments a pass per flush wrote each append on its own
         (measured: ~60 us of CPU per O_DIRECT write here, and 512 new files made
         while the appends went on).  The frames wait in memory and in the WAL,
-        which keeps them durable.
+        which keeps them durable.  A pass runs on the background threads
+        (``lower_thread_priority``) unless a read waits for it or the bound
+        forced it: memory held for the files must not wait for an idle CPU.
         """
         while True:
             await self._write_wakeup.wait()
             self._write_wakeup.clear()
             if self._failure is None:
                 everything, self._write_all = self._write_all, False
-                waited, self._write_waited = self._write_waited, False  # by a read: its priority
+                urgent, self._write_urgent = self._write_urgent, False
                 with contextlib.suppress(StorageError):  # fail-stop, logged by _fail
-                    await self._write_pending(everything, background=not waited)
+                    await self._write_pending(everything, background=not urgent)
 
     async def _write_pending(self, everything: bool = True, *, background: bool = False) -> None:
         """Write the acknowledged frames not yet in their segment files (one pass,
@@ -1523,8 +1529,11 @@ class FpsStore(SegmentStore):
         """
         if self._failure is not None or self._state != "open":
             return
+        # A timed checkpoint waits for an idle CPU; one that releases a full WAL file does not:
+        # on CPUs kept busy by other threads, WAL files would pile up on disk (and in a replay).
+        background = not self._wal.has_retired()
         with contextlib.suppress(StorageError, Unavailable):  # fail-stop (logged by _fail); closing
-            await self._checkpoint_beside_flushes(background=True)
+            await self._checkpoint_beside_flushes(background=background)
         if self._checkpoint_asked:  # its timer fired while this one ran: the flusher looks again
             self._wakeup.set()
 
@@ -1705,7 +1714,7 @@ class FpsStore(SegmentStore):
                 )
             written = self._written_event
             self._write_all = True
-            self._write_waited = True  # a reader waits for this pass: not in the background
+            self._write_urgent = True  # a reader waits for this pass: not in the background
             self._write_wakeup.set()
             await written.wait()
             self._check_readable()
