@@ -405,9 +405,12 @@ def lower_thread_priority() -> None:
     acknowledged bytes held in memory for their files, a checkpoint that
     releases a full WAL file (``fps``).  On a CPU kept busy by other threads
     these would otherwise wait without end; the rest only waits.  Linux only
-    (the policy is per thread there); elsewhere nothing is lowered."""
+    (the policy is per thread there); elsewhere nothing is lowered, and so where
+    the system refuses it (a sandbox's syscall filter): a pool whose thread
+    initializer raised would refuse every task."""
     if sys.platform == "linux":
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
 @functools.cache
