@@ -69,6 +69,9 @@ IN_FLIGHT_APPENDS = 1024
 WINDOW_BYTES = 16 << 20
 PRODUCER_ID = 1 << 40
 """One producer id for every stream: its sequence numbers are per range."""
+REPLAY_TIMEOUT_S = 300.0
+"""The most a run's stream opens, Appends and Acks may take: a broker that stops answering
+(without closing the connection) fails the bench instead of hanging it."""
 
 
 def progress(message: str) -> None:
@@ -180,12 +183,13 @@ async def run_width(
     reader, writer = await asyncio.open_connection(host, int(port))
     replay = Replay(width, count, batches)
     try:
-        await replay.open(writer, reader, topic, ranges)
-        before = metrics(process)
-        cpu_before = (cpu_s(pid), thread_cpu_s(pid, pid))
-        started = time.perf_counter()
-        await asyncio.gather(replay.send(writer), replay.receive(reader))
-        elapsed = time.perf_counter() - started
+        async with asyncio.timeout(REPLAY_TIMEOUT_S):
+            await replay.open(writer, reader, topic, ranges)
+            before = metrics(process)
+            cpu_before = (cpu_s(pid), thread_cpu_s(pid, pid))
+            started = time.perf_counter()
+            await asyncio.gather(replay.send(writer), replay.receive(reader))
+            elapsed = time.perf_counter() - started
         # The CPU is counted until every acknowledged frame is in its synced segment file: the
         # writes and the checkpoint that the appends cause are theirs, even after the last Ack.
         await quiet(process)
