@@ -19,11 +19,15 @@ import abc
 import asyncio
 import contextlib
 import ctypes
+import errno
+import fcntl
 import functools
 import os
 import platform
 import random
+import secrets
 import ssl
+import struct
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -231,15 +235,38 @@ class OsDisk(Disk):
         return sorted(os.listdir(path)) if path.exists() else []
 
     def makedirs(self, path: Path) -> None:
-        path.mkdir(parents=True, exist_ok=True)
+        """Make ``path`` and its missing parents, each apart from its neighbours on disk.
+
+        On ext4 a new file's inode goes to its directory's block group, and
+        without a journal every allocation there first skips each inode freed
+        in the last minutes (``recently_deleted``): a segment file made where
+        another data directory of 22,000 files was deleted a minute before
+        cost 0.3-1.8 ms of kernel CPU, against 6 us in a quiet group (measured
+        here, 3,000 files a run).  A directory made here is therefore flagged
+        ``FS_TOPDIR_FL`` (the allocator then spreads the directories made in
+        it over the groups, as it does the root's), and made under a unique
+        name then renamed into place: the spread starts from a hash of the
+        name, and ``segments`` under every data directory would otherwise
+        start from the same group, the one the last deleted data directory
+        used.  Elsewhere the flag is refused and ignored: placement only."""
+        if path.is_dir():
+            return
+        self.makedirs(path.parent)
+        made = path.parent / f".{path.name}.{secrets.token_hex(8)}"
+        os.mkdir(made)
+        _spread_subdirectories(made)
+        try:
+            os.rename(made, path)
+        except OSError as error:  # made meanwhile by another: theirs stays
+            os.rmdir(made)
+            if error.errno not in (errno.EEXIST, errno.ENOTEMPTY) or not path.is_dir():
+                raise
+            return
+        _fsync_directory(path.parent)
 
     def rename(self, source: Path, target: Path) -> None:
         os.replace(source, target)
-        fd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync_directory(target.parent)
 
     def sync_all(self, directory: Path) -> bool:
         syncfs = _syncfs()
@@ -253,6 +280,34 @@ class OsDisk(Disk):
         finally:
             os.close(fd)
         return True
+
+
+_FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS = 0x80086601, 0x40086602  # Linux, <linux/fs.h>
+_FS_TOPDIR_FL = 0x00020000
+_INODE_FLAGS = struct.Struct("i")
+
+
+def _spread_subdirectories(directory: Path) -> None:
+    """Ask the filesystem to place the directories made in ``directory`` apart (ext4's Orlov
+    allocator; ``chattr +T``); a filesystem without the flag is left as it is."""
+    if not sys.platform.startswith("linux"):
+        return
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        (flags,) = _INODE_FLAGS.unpack(fcntl.ioctl(fd, _FS_IOC_GETFLAGS, _INODE_FLAGS.pack(0)))
+        fcntl.ioctl(fd, _FS_IOC_SETFLAGS, _INODE_FLAGS.pack(flags | _FS_TOPDIR_FL))
+    except OSError:
+        pass  # tmpfs, overlayfs, ...: no such hint
+    finally:
+        os.close(fd)
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @functools.cache
