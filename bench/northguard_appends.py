@@ -141,20 +141,20 @@ class Replay:
     def check(self, frame: protocol.Frame) -> None:
         if frame.type is not MsgType.ACK:
             raise AssertionError(f"{frame.type.name} on a produce stream: {frame.body!r}")
-        stream, first_seq, offsets, _ = protocol.decode_ack(frame.body)
-        index = stream - 1
-        if first_seq != self.next_seq[index]:
-            raise AssertionError(
-                f"stream {stream}: an Ack from {first_seq}, not {self.next_seq[index]}"
-            )
-        for offset in offsets:
-            if offset != self.next_offset[index]:
+        for stream, first_seq, offsets, _ in protocol.decode_acks(frame.body):
+            index = stream - 1
+            if first_seq != self.next_seq[index]:
                 raise AssertionError(
-                    f"stream {stream}: offset {offset}, not {self.next_offset[index]}"
+                    f"stream {stream}: an Ack from {first_seq}, not {self.next_seq[index]}"
                 )
-            self.next_offset[index] += RECORDS_PER_BATCH
-        self.next_seq[index] += len(offsets)
-        self.acked += len(offsets)
+            for offset in offsets:
+                if offset != self.next_offset[index]:
+                    raise AssertionError(
+                        f"stream {stream}: offset {offset}, not {self.next_offset[index]}"
+                    )
+                self.next_offset[index] += RECORDS_PER_BATCH
+            self.next_seq[index] += len(offsets)
+            self.acked += len(offsets)
 
 
 def batches_by_seq(count: int, width: int) -> list[bytes]:

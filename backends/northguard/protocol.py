@@ -19,9 +19,13 @@ Streams (ids chosen by the client, unique per connection):
 
 * Produce: ``PRODUCE_OPEN`` -> ``PRODUCE_OPENED`` {window_bytes}; then
   ``APPEND`` (stream, seq, batch) while unacknowledged bytes stay under the
-  window; the broker answers with ``ACK`` (stream, first_seq, base offsets
+  window; the broker answers with Acks (stream, first_seq, base offsets
   of consecutive appends, window) only for committed appends: M Acks for N
-  Appends.
+  Appends.  One ``ACK`` frame carries the Acks of every stream of the
+  connection that the same turn of the broker completed, back to back (with
+  hundreds of ranges written at once, one group commit completes hundreds of
+  streams, and a frame each was a header, a decode and a dispatch each, on
+  both sides); a frame with one Ack is the format of old.
 * Consume: ``CONSUME_OPEN`` {offset, window_bytes} -> ``CONSUME_OPENED``;
   the broker ``PUSH``es entries (base offset + batch) while pushed minus
   consumed bytes stay under the window; the client sends ``READ`` (stream,
@@ -57,7 +61,6 @@ _U32 = struct.Struct("<I")
 _APPEND = struct.Struct("<IQ")
 _APPEND_FRAME = struct.Struct("<IBBIQ")  # the prefix and the Append's header, packed at once
 _ACK = struct.Struct("<IQII")
-_ACK_FRAME = struct.Struct("<IBBIQII")
 _OFFSET = struct.Struct("<Q")
 _PUSH = struct.Struct("<IH")
 _ENTRY = struct.Struct("<QI")
@@ -262,29 +265,48 @@ def decode_append(body: bytes) -> tuple[int, int, memoryview]:
 
 
 def encode_ack(stream_id: int, first_seq: int, base_offsets: list[int], window_bytes: int) -> bytes:
+    """An ACK frame holding one stream's Ack."""
+    return encode_acks([ack_entry(stream_id, first_seq, base_offsets, window_bytes)])
+
+
+def ack_entry(stream_id: int, first_seq: int, base_offsets: list[int], window_bytes: int) -> bytes:
+    """One stream's Ack, for an ACK frame (``encode_acks``)."""
     count = len(base_offsets)
-    header = _ACK_FRAME.pack(
-        2 + _ACK.size + 8 * count, PROTOCOL_VERSION, MsgType.ACK, stream_id, first_seq, count,
-        window_bytes,
-    )  # fmt: skip
+    header = _ACK.pack(stream_id, first_seq, count, window_bytes)
     if count == 1:  # with many ranges written at once, nearly every Ack
         return header + _OFFSET.pack(base_offsets[0])
     return header + struct.pack(f"<{count}Q", *base_offsets)
 
 
-def decode_ack(body: bytes) -> tuple[int, int, tuple[int, ...], int]:
-    if len(body) < _ACK.size:
-        raise ProtocolError("Ack shorter than its header")
-    stream_id, first_seq, count, window_bytes = _ACK.unpack_from(body)
-    if len(body) != _ACK.size + 8 * count:
-        raise ProtocolError(
-            f"Ack announces {count} offsets but carries {len(body) - _ACK.size} bytes"
-        )
-    if count == 1:
-        offsets: tuple[int, ...] = _OFFSET.unpack_from(body, _ACK.size)
-    else:
-        offsets = struct.unpack_from(f"<{count}Q", body, _ACK.size)
-    return stream_id, first_seq, offsets, window_bytes
+def encode_acks(entries: list[bytes]) -> bytes:
+    """One ACK frame of the Acks ``ack_entry`` made (at least one)."""
+    length = 2 + sum(len(entry) for entry in entries)
+    return b"".join((_PREFIX.pack(length, PROTOCOL_VERSION, MsgType.ACK), *entries))
+
+
+Ack = tuple[int, int, tuple[int, ...], int]
+"""(stream id, first sequence number, base offsets, window bytes) of one stream's Ack."""
+
+
+def decode_acks(body: bytes) -> list[Ack]:
+    """The Acks of an ACK frame, in order; ``ProtocolError`` unless they fill it exactly."""
+    acks: list[Ack] = []
+    position, end = 0, len(body)
+    header = _ACK.size
+    while position < end or not acks:
+        if end - position < header:
+            raise ProtocolError("Ack shorter than its header")
+        stream_id, first_seq, count, window_bytes = _ACK.unpack_from(body, position)
+        position += header
+        if end - position < 8 * count:
+            raise ProtocolError(f"Ack announces {count} offsets but carries {end - position} bytes")
+        if count == 1:
+            offsets: tuple[int, ...] = _OFFSET.unpack_from(body, position)
+        else:
+            offsets = struct.unpack_from(f"<{count}Q", body, position)
+        position += 8 * count
+        acks.append((stream_id, first_seq, offsets, window_bytes))
+    return acks
 
 
 def encode_push(stream_id: int, entries: list[tuple[int, bytes]]) -> bytes:
@@ -377,7 +399,7 @@ def decode_message(item: Frame) -> object:
     if kind is MsgType.APPEND:
         return decode_append(item.body)
     if kind is MsgType.ACK:
-        return decode_ack(item.body)
+        return decode_acks(item.body)
     if kind is MsgType.PUSH:
         return decode_push(item.body)
     if kind is MsgType.READ:

@@ -119,7 +119,7 @@ def test_a_wrong_version_is_refused() -> None:
 
 def test_ack_and_push_round_trip() -> None:
     ack = FrameDecoder().feed(protocol.encode_ack(9, 100, [5, 7, 11], 4096))[0]
-    assert protocol.decode_ack(ack.body) == (9, 100, (5, 7, 11), 4096)
+    assert protocol.decode_acks(ack.body) == [(9, 100, (5, 7, 11), 4096)]
     push = FrameDecoder().feed(protocol.encode_push(3, [(0, b"ab"), (2, b"cde")]))[0]
     assert protocol.decode_push(push.body) == (3, [(0, b"ab"), (2, b"cde")])
 
@@ -172,3 +172,21 @@ def test_fuzz_random_bytes_never_crash_the_decoder(data: bytes) -> None:
 @given(st.lists(framed, min_size=1, max_size=4).map(b"".join))
 def test_fuzz_well_framed_garbage_never_crashes_the_decoder(data: bytes) -> None:
     _decode_everything(data)
+
+
+def test_one_ack_frame_carries_many_streams_acks_in_order() -> None:
+    entries = [protocol.ack_entry(1, 0, [0], 4096), protocol.ack_entry(7, 3, [10, 20], 8192)]
+    ack = FrameDecoder().feed(protocol.encode_acks(entries))[0]
+    assert ack.type is MsgType.ACK
+    assert protocol.decode_acks(ack.body) == [(1, 0, (0,), 4096), (7, 3, (10, 20), 8192)]
+    # One Ack alone is the single-stream frame of old, byte for byte.
+    assert protocol.encode_acks(entries[:1]) == protocol.encode_ack(1, 0, [0], 4096)
+
+
+@pytest.mark.parametrize("cut", [1, 8, 20, 28, 35])
+def test_an_ack_frame_that_its_acks_do_not_fill_exactly_is_refused(cut: int) -> None:
+    body = protocol.ack_entry(1, 0, [0], 4096) + protocol.ack_entry(2, 0, [5, 6], 4096)
+    with pytest.raises(ProtocolError, match="Ack"):
+        protocol.decode_acks(body[: len(body) - cut])
+    with pytest.raises(ProtocolError, match="Ack"):
+        protocol.decode_acks(b"")

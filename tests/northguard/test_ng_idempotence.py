@@ -45,7 +45,7 @@ def append(client: RawClient, stream_id: int, seq: int, data: bytes) -> int:
         error = protocol.decode_json(item.body)[1]["error"]
         raise error_from_code(error["code"], error["message"])
     assert item.type is MsgType.ACK, item
-    _, first_seq, offsets, _ = protocol.decode_ack(item.body)
+    [(_, first_seq, offsets, _)] = protocol.decode_acks(item.body)
     assert first_seq == seq and len(offsets) == 1
     return offsets[0]
 

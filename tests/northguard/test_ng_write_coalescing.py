@@ -70,6 +70,41 @@ async def test_the_acks_of_one_group_commit_leave_in_one_write(tmp_path: Path) -
     assert writes * 8 <= acks, f"{writes:.0f} writes for {acks:.0f} Acks"
 
 
+async def test_the_acks_of_one_group_commit_leave_in_one_frame(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One ACK frame carries the Acks of every stream that a turn of the broker completed: a
+    frame each was a header, a decode and a dispatch each on both sides."""
+    frames: list[int] = []  # per ACK frame the client decodes, its Acks
+
+    def counted(body: bytes) -> list[protocol.Ack]:
+        acks = decode_acks(body)
+        frames.append(len(acks))
+        return acks
+
+    decode_acks = protocol.decode_acks
+    monkeypatch.setattr(protocol, "decode_acks", counted)
+    broker = await in_process_broker(tmp_path / "broker")
+    try:
+        backend = backend_for(f"127.0.0.1:{broker.port}")
+        try:
+            await backend.create_topic("t", shard_ranges(RANGES))
+            producer = backend.producer("t", ProducerOptions(linger_ms=0))
+            await asyncio.gather(*(producer.send(s, [Record(b"open")]) for s in range(RANGES)))
+            frames.clear()
+            offsets = await asyncio.gather(
+                *(producer.send(s, [Record(b"%d" % s)]) for s in range(RANGES))
+            )
+            assert offsets == [[1]] * RANGES
+            await producer.close()
+        finally:
+            await backend.close()
+    finally:
+        await broker.stop()
+    assert sum(frames) == RANGES
+    assert len(frames) * 8 <= RANGES, f"{len(frames)} ACK frames for {RANGES} Acks: {frames}"
+
+
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_a_client_frame_waits_only_behind_a_recent_write(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loop: str

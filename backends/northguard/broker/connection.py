@@ -22,12 +22,13 @@ credential (a connection may re-authenticate at any time).  ``ping`` is
 answered without a credential (it reveals the broker id only).  Streams are
 authorized when opened and are not cut when the credential later expires.
 
-Frames a connection answers in one turn of the event loop (the Acks of one
-group commit, one per stream it completed) leave in one socket write at the
-end of the turn: a write per Ack was a system call and a wake-up of the
-client each, about 5,000 of them a second for one producer writing 512
-ranges (``northguard_writes`` counts the writes, ``northguard_acks`` the
-Acks).
+Frames a connection answers in one turn of the event loop leave in one
+socket write at the end of the turn: a write per Ack was a system call and a
+wake-up of the client each, about 5,000 of them a second for one producer
+writing 512 ranges (``northguard_writes`` counts the writes,
+``northguard_acks`` the Acks).  The Acks of that turn (one group commit
+completes every stream it carried) go in one ACK frame, up to
+``ACK_FRAME_BYTES_MAX``; a frame queued after them goes after them.
 
 Bounds: ``STREAMS_PER_CONNECTION_MAX`` streams, ``REQUESTS_INFLIGHT_MAX``
 unary requests in flight, and ``WRITE_BUFFER_BYTES_MAX`` bytes queued for the
@@ -70,6 +71,9 @@ _APPEND = MsgType.APPEND  # the enum attribute costs a lookup per frame
 STREAMS_PER_CONNECTION_MAX = 10_000
 REQUESTS_INFLIGHT_MAX = 64
 WRITE_BUFFER_BYTES_MAX = 8 << 20
+ACK_FRAME_BYTES_MAX = 1 << 20
+"""Acks queued past this many bytes go in a frame of their own at once (a frame's bound is the
+client's, 16 MiB by default)."""
 
 
 class BrokerConnection:
@@ -93,6 +97,8 @@ class BrokerConnection:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._outbox: list[bytes] = []  # frames of this turn, written together at its end
+        self._acks: list[bytes] = []  # Acks of this turn, one ACK frame in the outbox when sealed
+        self._acks_bytes = 0
         self._loop = asyncio.get_running_loop()
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
@@ -166,11 +172,31 @@ class BrokerConnection:
     def _write(self, data: bytes) -> None:
         """Queue one frame: it leaves with the turn's others when the turn ends."""
         if not self._closed:
-            if not self._outbox:
+            if self._acks:
+                self._seal_acks()  # queued before it: sent before it
+            elif not self._outbox:
                 self._loop.call_soon(self._write_outbox)
             self._outbox.append(data)
 
+    def _ack(self, entry: bytes) -> None:
+        """Queue one stream's Ack (``protocol.ack_entry``): it leaves with the turn's other Acks,
+        in one frame."""
+        if not self._closed:
+            if not self._acks and not self._outbox:
+                self._loop.call_soon(self._write_outbox)
+            self._acks.append(entry)
+            self._acks_bytes += len(entry)
+            if self._acks_bytes >= ACK_FRAME_BYTES_MAX:
+                self._seal_acks()
+
+    def _seal_acks(self) -> None:
+        self._outbox.append(protocol.encode_acks(self._acks))
+        self._acks = []
+        self._acks_bytes = 0
+
     def _write_outbox(self) -> None:
+        if self._acks:
+            self._seal_acks()
         outbox = self._outbox
         if outbox:
             self._outbox = []
@@ -359,7 +385,7 @@ class BrokerConnection:
             range_log,
             producer_id,
             window,
-            self._write,
+            self._ack,
             self._stream_error,
             self._metrics,
         )

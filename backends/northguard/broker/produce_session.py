@@ -3,8 +3,9 @@
 The stream's window bounds the bytes of Appends received and not yet
 acknowledged; a client that sends past it broke the protocol and the stream
 fails with ``Backpressure``.  Acks are coalesced: every append that commits
-in one event-loop turn (one group commit) is acknowledged by one Ack frame
-that lists their base offsets and repeats the window.  The first of their
+in one event-loop turn (one group commit) is acknowledged by one Ack that
+lists their base offsets and repeats the window (the connection sends the
+Acks of all its streams that turn in one frame).  The first of their
 done-callbacks sends it (the range log resolves them all before any callback
 runs, so it finds them done; the others find nothing to add), not a
 ``call_soon`` after them: one event-loop turn less between a commit and its
@@ -47,7 +48,7 @@ class ProduceSession:
         range_log: RangeLog,
         producer_id: int,
         window_bytes: int,
-        send: Callable[[bytes], None],
+        ack: Callable[[bytes], None],
         on_error: Callable[[int, XinfraError], None],
         metrics: BrokerMetrics,
     ) -> None:
@@ -55,7 +56,7 @@ class ProduceSession:
         self.range_log = range_log
         self.producer_id = producer_id
         self.window_bytes = window_bytes
-        self._send = send
+        self._ack = ack
         self._on_error = on_error
         self._counts = metrics.counts
         self._pending: deque[tuple[int, asyncio.Future[int], int]] = deque()
@@ -146,12 +147,10 @@ class ProduceSession:
             offsets.append(future.result())
             self._inflight_bytes -= size
             if len(offsets) == 65535:
-                self._send(
-                    protocol.encode_ack(self.stream_id, first_seq, offsets, self.window_bytes)
-                )
+                self._ack(protocol.ack_entry(self.stream_id, first_seq, offsets, self.window_bytes))
                 first_seq, offsets = seq + 1, []
         if offsets:
-            self._send(protocol.encode_ack(self.stream_id, first_seq, offsets, self.window_bytes))
+            self._ack(protocol.ack_entry(self.stream_id, first_seq, offsets, self.window_bytes))
             self._counts.acks += 1
         if failure is not None:
             error = failure if isinstance(failure, XinfraError) else XinfraError(repr(failure))

@@ -123,6 +123,9 @@ class ReplicaStream:
             except XinfraError as error:
                 self.on_failure(error)
 
+    def on_ack(self, first_seq: int, offsets: tuple[int, ...], window_bytes: int) -> None:
+        self.on_failure(ProtocolError("unexpected ACK on a replica stream"))
+
     def on_frame(self, kind: MsgType, body: bytes) -> None:
         if kind is MsgType.REPLICA_ACK:
             _, durable_end = protocol.decode_replica_ack(body)

@@ -105,9 +105,9 @@ LONG_TURN_BYTES = 64 << 10
 not at its end: a producer's first write to 4,096 new ranges queues every stream's open and
 first batch in one turn of ~0.2 s, and the broker sat idle through it."""
 _STREAM_ID = struct.Struct("<I")
+_ACK = MsgType.ACK  # a module constant: the enum's attribute lookup costs more than the test
 _STREAM_FRAMES = frozenset(
     (
-        MsgType.ACK,
         MsgType.PUSH,
         MsgType.PRODUCE_OPENED,
         MsgType.CONSUME_OPENED,
@@ -126,6 +126,9 @@ CredentialSource = Callable[[], str | None]
 
 class StreamHandler(Protocol):
     def on_frame(self, kind: MsgType, body: bytes) -> None: ...
+
+    def on_ack(self, first_seq: int, offsets: tuple[int, ...], window_bytes: int) -> None:
+        """One Ack of an ACK frame (the frame holds those of many streams)."""
 
     def on_failure(self, error: XinfraError) -> None: ...
 
@@ -450,7 +453,13 @@ class ClientConnection:
 
     def _dispatch(self, item: protocol.Frame) -> None:
         kind, body = item
-        if kind in _STREAM_FRAMES:
+        if kind is _ACK:
+            streams = self._streams
+            for stream_id, first_seq, offsets, window_bytes in protocol.decode_acks(body):
+                handler = streams.get(stream_id)
+                if handler is not None:
+                    handler.on_ack(first_seq, offsets, window_bytes)
+        elif kind in _STREAM_FRAMES:
             if len(body) < 4:
                 raise ProtocolError(f"{kind.name} shorter than its stream id")
             (stream_id,) = _STREAM_ID.unpack_from(body)

@@ -51,6 +51,9 @@ class ConsumeStream:
             payload["segment_id"] = segment_id
         connection.send(protocol.encode_json(MsgType.CONSUME_OPEN, self.stream_id, payload))
 
+    def on_ack(self, first_seq: int, offsets: tuple[int, ...], window_bytes: int) -> None:
+        self.on_failure(ProtocolError("unexpected ACK on a consume stream"))
+
     def on_frame(self, kind: MsgType, body: bytes) -> None:
         if kind is MsgType.PUSH:
             _, entries = protocol.decode_push(body)

@@ -17,7 +17,6 @@ from backends.northguard.client.connection import ClientConnection, error_of
 from backends.northguard.protocol import MsgType
 from xinfra.errors import ProtocolError, XinfraError
 
-_ACK = MsgType.ACK  # a module constant: the enum's attribute lookup costs more than the test
 PRODUCE_WINDOW_BYTES = 16 << 20
 """The window a producer asks for; the broker may grant less."""
 
@@ -70,15 +69,15 @@ class ProduceStream:
         self.inflight_bytes += len(batch)
         self.connection.send(protocol.encode_append(self.stream_id, seq, batch))
 
+    def on_ack(self, first_seq: int, offsets: tuple[int, ...], window_bytes: int) -> None:
+        sizes = self._sizes
+        for seq in range(first_seq, first_seq + len(offsets)):
+            self.inflight_bytes -= sizes.pop(seq, 0)
+        self.window_bytes = window_bytes
+        self._on_acks(first_seq, offsets)
+
     def on_frame(self, kind: MsgType, body: bytes) -> None:
-        if kind is _ACK:
-            _, first_seq, offsets, window = protocol.decode_ack(body)
-            sizes = self._sizes
-            for seq in range(first_seq, first_seq + len(offsets)):
-                self.inflight_bytes -= sizes.pop(seq, 0)
-            self.window_bytes = window
-            self._on_acks(first_seq, offsets)
-        elif kind is MsgType.PRODUCE_OPENED:
+        if kind is MsgType.PRODUCE_OPENED:
             _, payload = protocol.decode_json(body)
             self.window_bytes = int(payload["window_bytes"])
             if not self.opened.done():
