@@ -256,8 +256,9 @@ class RangeLog:
         self._inflight.append(item)
         self._storing += 1
         self._idle.clear()
-        stored = self._store.submit(self.active, item.base_offset, count, batch)
-        stored.add_done_callback(functools.partial(self._stored, item))
+        self._store.submit(
+            self.active, item.base_offset, count, batch, functools.partial(self._stored, item)
+        )
         if self.replicator is not None:
             self.replicator.send(item.base_offset, count, batch, self.committed)
 

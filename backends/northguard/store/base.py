@@ -28,6 +28,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from xinfra.errors import NotFound, StorageError
@@ -88,16 +89,27 @@ class SegmentStore(abc.ABC):
         """
 
     def submit(
-        self, segment_id: str, base_offset: int, record_count: int, batch: bytes
+        self,
+        segment_id: str,
+        base_offset: int,
+        record_count: int,
+        batch: bytes,
+        on_done: Callable[[asyncio.Future[Entry]], None] | None = None,
     ) -> asyncio.Future[Entry]:
-        """``append``, taken now (in call order), its outcome a future the store never cancels.
+        """``append``, taken now (in call order), its outcome a future the store never cancels;
+        ``on_done(future)`` runs once it is resolved, never inside this call.
 
         For a caller that issues many appends and handles each outcome in a
         callback (the range log): a task and a shield per append cost more
         event-loop time than a store's own work on a small batch.  This
-        default runs ``append`` in a task; a store may queue it directly.
+        default runs ``append`` in a task; a store may queue it directly, and
+        call ``on_done`` itself where it resolves the future (a done-callback
+        is a handle scheduled per append).
         """
-        return asyncio.ensure_future(self.append(segment_id, base_offset, record_count, batch))
+        future = asyncio.ensure_future(self.append(segment_id, base_offset, record_count, batch))
+        if on_done is not None:
+            future.add_done_callback(on_done)
+        return future
 
     @abc.abstractmethod
     async def read(self, segment_id: str, offset: int, bytes_max: int) -> list[Entry]:
