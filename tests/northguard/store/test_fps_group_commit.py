@@ -75,3 +75,30 @@ async def test_a_cancelled_caller_does_not_break_the_group(open_fps: StoreFactor
     first.cancel()
     assert (await second).base_offset == 1
     assert [e.batch for e in await store.read("s1", 0, 100)] == [b"a", b"b"]
+
+
+async def test_on_done_is_called_once_per_append_by_its_flush_and_never_inside_submit(
+    open_fps: StoreFactory,
+) -> None:
+    """``submit``'s ``on_done``: a durable append's is called by the flush that made it durable,
+    with every append of that flush already resolved (the range log then commits them in one
+    pass); a refused one's at a later turn, never inside ``submit`` (its caller is mid-update)."""
+    store = await open_fps(group_commit_ms=10.0)
+    await store.create_segment("s1", 0)
+    seen: list[tuple[int, list[bool]]] = []
+    futures: list[asyncio.Future[object]] = []
+
+    def on_done(future: asyncio.Future[object]) -> None:
+        seen.append((future.result().base_offset, [f.done() for f in futures]))  # type: ignore[attr-defined]
+
+    futures += [store.submit("s1", i, 1, b"v", on_done) for i in range(8)]  # type: ignore[arg-type]
+    await asyncio.gather(*futures)
+    assert [offset for offset, _ in seen] == list(range(8))
+    assert all(all(done) for _, done in seen)  # each call saw the whole flush resolved
+    assert store.flush_count == 1
+
+    refused: list[asyncio.Future[object]] = []
+    bad = store.submit("s1", 100, 1, b"v", refused.append)  # type: ignore[arg-type]
+    assert bad.done() and refused == []  # resolved, its on_done not yet run
+    await asyncio.sleep(0)
+    assert refused == [bad] and isinstance(bad.exception(), Exception)
