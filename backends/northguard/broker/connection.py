@@ -27,8 +27,9 @@ socket write at the end of the turn: a write per Ack was a system call and a
 wake-up of the client each, about 5,000 of them a second for one producer
 writing 512 ranges (``northguard_writes`` counts the writes,
 ``northguard_acks`` the Acks).  The Acks of that turn (one group commit
-completes every stream it carried) go in one ACK frame, up to
-``ACK_FRAME_BYTES_MAX``; a frame queued after them goes after them.
+completes every stream it carried) are built then, by each produce session a
+commit made due, and go in one ACK frame, up to ``ACK_FRAME_BYTES_MAX``; a
+frame queued after them goes after them.
 
 Bounds: ``STREAMS_PER_CONNECTION_MAX`` streams, ``REQUESTS_INFLIGHT_MAX``
 unary requests in flight, and ``WRITE_BUFFER_BYTES_MAX`` bytes queued for the
@@ -99,6 +100,7 @@ class BrokerConnection:
         self._outbox: list[bytes] = []  # frames of this turn, written together at its end
         self._acks: list[bytes] = []  # Acks of this turn, one ACK frame in the outbox when sealed
         self._acks_bytes = 0
+        self._acks_due: list[ProduceSession] = []  # sessions with commits to acknowledge
         self._loop = asyncio.get_running_loop()
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
@@ -172,31 +174,46 @@ class BrokerConnection:
     def _write(self, data: bytes) -> None:
         """Queue one frame: it leaves with the turn's others when the turn ends."""
         if not self._closed:
-            if self._acks:
-                self._seal_acks()  # queued before it: sent before it
-            elif not self._outbox:
-                self._loop.call_soon(self._write_outbox)
+            self._schedule_write()
+            self._seal_acks()  # the commits before it: acknowledged before it
             self._outbox.append(data)
 
     def _ack(self, entry: bytes) -> None:
         """Queue one stream's Ack (``protocol.ack_entry``): it leaves with the turn's other Acks,
         in one frame."""
         if not self._closed:
-            if not self._acks and not self._outbox:
-                self._loop.call_soon(self._write_outbox)
+            self._schedule_write()
             self._acks.append(entry)
             self._acks_bytes += len(entry)
             if self._acks_bytes >= ACK_FRAME_BYTES_MAX:
-                self._seal_acks()
+                self._outbox.append(protocol.encode_acks(self._acks))
+                self._acks = []
+                self._acks_bytes = 0
+
+    def _request_acks(self, session: ProduceSession) -> None:
+        """``session`` has commits to acknowledge: it builds its Ack when the turn's frames go."""
+        if not self._closed:
+            self._schedule_write()
+            self._acks_due.append(session)
+
+    def _schedule_write(self) -> None:
+        """Write at the end of the turn, unless something queued this turn already asked to."""
+        if not self._outbox and not self._acks and not self._acks_due:
+            self._loop.call_soon(self._write_outbox)
 
     def _seal_acks(self) -> None:
-        self._outbox.append(protocol.encode_acks(self._acks))
-        self._acks = []
-        self._acks_bytes = 0
+        """The due sessions' Acks, then every Ack queued, as one frame at the outbox's end."""
+        while self._acks_due:  # a session failing here writes its STREAM_ERROR: it may add more
+            due, self._acks_due = self._acks_due, []
+            for session in due:
+                session.acknowledge()
+        if self._acks:
+            self._outbox.append(protocol.encode_acks(self._acks))
+            self._acks = []
+            self._acks_bytes = 0
 
     def _write_outbox(self) -> None:
-        if self._acks:
-            self._seal_acks()
+        self._seal_acks()
         outbox = self._outbox
         if outbox:
             self._outbox = []
@@ -386,6 +403,7 @@ class BrokerConnection:
             producer_id,
             window,
             self._ack,
+            self._request_acks,
             self._stream_error,
             self._metrics,
         )

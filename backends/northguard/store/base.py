@@ -30,6 +30,7 @@ import asyncio
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from xinfra.errors import NotFound, StorageError
 
@@ -166,3 +167,17 @@ class SegmentStore(abc.ABC):
         """
         if self.failure is not None:
             raise self.failure
+
+
+_T = TypeVar("_T")
+
+
+def call_done(on_done: Callable[[asyncio.Future[_T]], None], future: asyncio.Future[_T]) -> None:
+    """Call a resolved future's outcome callback now, not as a done-callback (a handle scheduled
+    and run per future); an error it raises is reported as the loop reports a done-callback's."""
+    try:
+        on_done(future)
+    except Exception as error:
+        asyncio.get_running_loop().call_exception_handler(
+            {"message": f"outcome callback {on_done!r} failed", "exception": error}
+        )

@@ -157,7 +157,13 @@ from typing import Any, TypeVar
 
 from backends.northguard.runtime import Runtime, lower_thread_priority
 from backends.northguard.shielded import to_completion
-from backends.northguard.store.base import Entry, SegmentInfo, SegmentState, SegmentStore
+from backends.northguard.store.base import (
+    Entry,
+    SegmentInfo,
+    SegmentState,
+    SegmentStore,
+    call_done,
+)
 from backends.northguard.store.file_pool import FilePool, NoDescriptor, check_descriptors_max
 from backends.northguard.store.framing import (
     SEGMENT_ID_BYTES_MAX,
@@ -1359,12 +1365,7 @@ class FpsStore(SegmentStore):
         self.stats.flush_s_buckets[bisect.bisect_left(FLUSH_SECONDS_BUCKETS, flush_s)] += 1
         self.stats.fsyncs += result.fsyncs
         for request in done:  # the store's state is whole again: callers may look at it
-            try:
-                request.on_done(request.future)  # type: ignore[misc]  # set, or not in ``done``
-            except Exception as error:  # the caller's bug: reported as a done-callback's would be
-                asyncio.get_running_loop().call_exception_handler(
-                    {"message": "an append's on_done failed", "exception": error}
-                )
+            call_done(request.on_done, request.future)  # type: ignore[arg-type]  # set if in done
 
     # -- segment writes ----------------------------------------------------------------------------
 
