@@ -186,9 +186,7 @@ class BrokerConnection:
             self._acks.append(entry)
             self._acks_bytes += len(entry)
             if self._acks_bytes >= ACK_FRAME_BYTES_MAX:
-                self._outbox.append(protocol.encode_acks(self._acks))
-                self._acks = []
-                self._acks_bytes = 0
+                self._frame_acks()
 
     def _request_acks(self, session: ProduceSession) -> None:
         """``session`` has commits to acknowledge: it builds its Ack when the turn's frames go."""
@@ -208,9 +206,12 @@ class BrokerConnection:
             for session in due:
                 session.acknowledge()
         if self._acks:
-            self._outbox.append(protocol.encode_acks(self._acks))
-            self._acks = []
-            self._acks_bytes = 0
+            self._frame_acks()
+
+    def _frame_acks(self) -> None:
+        self._outbox.append(protocol.encode_acks(self._acks))
+        self._acks = []
+        self._acks_bytes = 0
 
     def _write_outbox(self) -> None:
         self._seal_acks()
