@@ -81,7 +81,13 @@ from backends.northguard.broker.log_limit import LogLimiter
 from backends.northguard.broker.replication import Replicator
 from backends.northguard.broker.state import RangeMeta, SegmentMeta, State
 from backends.northguard.runtime import Runtime
-from backends.northguard.store.base import Entry, SegmentStore, call_done
+from backends.northguard.store.base import (
+    Entry,
+    OnDone,
+    SegmentStore,
+    call_done,
+    call_done_later,
+)
 from xinfra.errors import (
     BackendUnavailable,
     Backpressure,
@@ -112,8 +118,6 @@ PRODUCER_SCAN_CHUNK_BYTES = 1 << 20
 
 Roller = Callable[["RangeLog", bool], Awaitable[str | None]]
 """The coordinator's roll: seal the active segment (if any); open a new one when asked."""
-OnDone = Callable[[asyncio.Future[int]], None] | None
-"""An append's outcome callback (``append``)."""
 
 
 @dataclass(slots=True)
@@ -121,15 +125,9 @@ class _Inflight:
     base_offset: int
     count: int
     future: asyncio.Future[int]
-    on_done: OnDone
+    on_done: OnDone[int] | None
     batch: bytes  # kept until committed: re-issued on the next segment if a fence cuts it
     outcome: BaseException | bool | None = None  # None: not stored yet; True: durable
-
-
-def _later(future: asyncio.Future[int], on_done: OnDone) -> None:
-    """A future resolved off the commit path: its outcome callback runs at the next turn."""
-    if on_done is not None:
-        future.add_done_callback(on_done)
 
 
 @dataclass(slots=True)
@@ -195,7 +193,7 @@ class RangeLog:
             self.committed = meta.start_offset
         self._next_offset = self.committed
         self._inflight: deque[_Inflight] = deque()
-        self._waiting: deque[tuple[bytes, int, asyncio.Future[int], OnDone]] = deque()
+        self._waiting: deque[tuple[bytes, int, asyncio.Future[int], OnDone[int] | None]] = deque()
         self._broken: BaseException | None = None
         self.replicator: Replicator | None = None
         self.fenced: XinfraError | None = None  # a follower failed: seal on the survivors
@@ -226,7 +224,9 @@ class RangeLog:
 
     # -- appends ---------------------------------------------------------------------------------
 
-    def append(self, batch: bytes, count: int, on_done: OnDone = None) -> asyncio.Future[int]:
+    def append(
+        self, batch: bytes, count: int, on_done: OnDone[int] | None = None
+    ) -> asyncio.Future[int]:
         """Queue a checked batch; the future resolves to its base offset once committed.
 
         ``on_done(future)`` runs once it is resolved, never inside this call: the commit calls
@@ -235,16 +235,16 @@ class RangeLog:
         future: asyncio.Future[int] = self._loop.create_future()
         if self.meta.state is _SEALED or self.closing:
             future.set_exception(Sealed(f"range {self.meta.range_id} is sealed"))
-            _later(future, on_done)
+            call_done_later(on_done, future)
         elif self.led_by is not None:
             future.set_exception(self.not_leader())
-            _later(future, on_done)
+            call_done_later(on_done, future)
         elif self._roll_task is not None or self._needs_roll(len(batch)):
             if len(self._waiting) >= WAITING_APPENDS_MAX:
                 future.set_exception(
                     Backpressure(f"range {self.meta.range_id} is rolling its segment; retry")
                 )
-                _later(future, on_done)
+                call_done_later(on_done, future)
             else:
                 self._waiting.append((batch, count, future, on_done))
                 self._start_roll(open_new=True)
@@ -265,7 +265,7 @@ class RangeLog:
         return self._runtime.wall_ms() - self.active_created_ms >= self._segment_age_ms_max
 
     def _issue(
-        self, batch: bytes, count: int, future: asyncio.Future[int], on_done: OnDone
+        self, batch: bytes, count: int, future: asyncio.Future[int], on_done: OnDone[int] | None
     ) -> None:
         assert self.active is not None
         item = _Inflight(self._next_offset, count, future, on_done, batch)
@@ -300,7 +300,8 @@ class RangeLog:
     def advance(self) -> None:
         """Commit, in offset order, the appends durable here and on every follower."""
         advanced = False
-        committed: list[_Inflight] = []  # whose outcome callbacks run once all are resolved
+        # Outcome callbacks of the appends committed here, called once the pass is done.
+        committed: list[tuple[OnDone[int], asyncio.Future[int]]] = []
         inflight = self._inflight
         replicated = self.replicator.acked_end() if self.replicator is not None else None
         while inflight and inflight[0].outcome is not None:
@@ -316,7 +317,7 @@ class RangeLog:
                 if not head.future.done():
                     head.future.set_result(head.base_offset)
                     if head.on_done is not None:
-                        committed.append(head)
+                        committed.append((head.on_done, head.future))
             else:
                 inflight.popleft()
                 if self._broken is None:
@@ -331,14 +332,14 @@ class RangeLog:
                     )
                 if not head.future.done():
                     head.future.set_exception(_as_error(self._broken))
-                    _later(head.future, head.on_done)
+                    call_done_later(head.on_done, head.future)
         if advanced:
             if self.replicator is not None:
                 self.replicator.send_committed(self.committed)
             for listener in list(self._listeners):
                 listener()
-        for item in committed:
-            call_done(item.on_done, item.future)  # type: ignore[arg-type]  # set if committed
+        for on_done, future in committed:
+            call_done(on_done, future)
 
     def replica_failed(self, broker_id: str, error: XinfraError) -> None:
         """A follower of the active segment failed: fence the range and seal on the survivors."""
@@ -438,7 +439,7 @@ class RangeLog:
         for _, _, future, on_done in waiting:
             if not future.done():
                 future.set_exception(error)
-                _later(future, on_done)
+                call_done_later(on_done, future)
 
     def durable_end(self) -> int:
         """Where the active segment ends in the store (committed, plus durable but unacknowledged)."""
@@ -455,14 +456,14 @@ class RangeLog:
         replicas and go back, first and in order, to the appends waiting for the next segment."""
         assert end >= self.committed
         inflight, self._inflight = self._inflight, deque()
-        cut: list[tuple[bytes, int, asyncio.Future[int], OnDone]] = []
+        cut: list[tuple[bytes, int, asyncio.Future[int], OnDone[int] | None]] = []
         for item in inflight:
             item_end = item.base_offset + item.count
             if item_end <= end and item.outcome is True and self._broken is None:
                 assert item.base_offset >= self.committed
                 if not item.future.done():
                     item.future.set_result(item.base_offset)
-                    _later(item.future, item.on_done)
+                    call_done_later(item.on_done, item.future)
             elif item.base_offset >= end:
                 if not item.future.done():
                     cut.append((item.batch, item.count, item.future, item.on_done))
@@ -470,7 +471,7 @@ class RangeLog:
                 assert item.outcome is not True, f"seal at {end} inside an entry"
                 if not item.future.done():
                     item.future.set_exception(_as_error(item.outcome or Sealed("cut")))
-                    _later(item.future, item.on_done)
+                    call_done_later(item.on_done, item.future)
         self._waiting.extendleft(reversed(cut))
         if end > self.committed:
             self.committed = end

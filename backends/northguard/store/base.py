@@ -95,7 +95,7 @@ class SegmentStore(abc.ABC):
         base_offset: int,
         record_count: int,
         batch: bytes,
-        on_done: Callable[[asyncio.Future[Entry]], None] | None = None,
+        on_done: OnDone[Entry] | None = None,
     ) -> asyncio.Future[Entry]:
         """``append``, taken now (in call order), its outcome a future the store never cancels;
         ``on_done(future)`` runs once it is resolved, never inside this call.
@@ -108,8 +108,7 @@ class SegmentStore(abc.ABC):
         is a handle scheduled per append).
         """
         future = asyncio.ensure_future(self.append(segment_id, base_offset, record_count, batch))
-        if on_done is not None:
-            future.add_done_callback(on_done)
+        call_done_later(on_done, future)
         return future
 
     @abc.abstractmethod
@@ -172,7 +171,18 @@ class SegmentStore(abc.ABC):
 _T = TypeVar("_T")
 
 
-def call_done(on_done: Callable[[asyncio.Future[_T]], None], future: asyncio.Future[_T]) -> None:
+OnDone = Callable[[asyncio.Future[_T]], None]
+"""A future's outcome callback, called with the resolved future (``call_done``)."""
+
+
+def call_done_later(on_done: OnDone[_T] | None, future: asyncio.Future[_T]) -> None:
+    """Run ``on_done`` once ``future`` is resolved, at a later turn (as a done-callback): for a
+    future resolved where its caller may be mid-update, or off the hot path."""
+    if on_done is not None:
+        future.add_done_callback(on_done)
+
+
+def call_done(on_done: OnDone[_T], future: asyncio.Future[_T]) -> None:
     """Call a resolved future's outcome callback now, not as a done-callback (a handle scheduled
     and run per future); an error it raises is reported as the loop reports a done-callback's."""
     try:

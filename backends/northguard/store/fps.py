@@ -159,10 +159,12 @@ from backends.northguard.runtime import Runtime, lower_thread_priority
 from backends.northguard.shielded import to_completion
 from backends.northguard.store.base import (
     Entry,
+    OnDone,
     SegmentInfo,
     SegmentState,
     SegmentStore,
     call_done,
+    call_done_later,
 )
 from backends.northguard.store.file_pool import FilePool, NoDescriptor, check_descriptors_max
 from backends.northguard.store.framing import (
@@ -366,15 +368,14 @@ class _Append:
     record_count: int
     batch: bytes
     future: asyncio.Future[Entry]
-    on_done: Callable[[asyncio.Future[Entry]], None] | None = None
+    on_done: OnDone[Entry] | None = None
 
 
 def _refuse(request: _Append, error: BaseException) -> None:
     """Fail one append; its ``on_done`` runs at the next turn, as a done-callback's would."""
     if not request.future.done():
         request.future.set_exception(error)
-        if request.on_done is not None:
-            request.future.add_done_callback(request.on_done)
+        call_done_later(request.on_done, request.future)
 
 
 @dataclass(eq=False, slots=True)
@@ -1168,7 +1169,7 @@ class FpsStore(SegmentStore):
         base_offset: int,
         record_count: int,
         batch: bytes,
-        on_done: Callable[[asyncio.Future[Entry]], None] | None = None,
+        on_done: OnDone[Entry] | None = None,
     ) -> asyncio.Future[Entry]:
         """Queue the append now; its future resolves once it is durable (or fails with its error).
 
@@ -1327,7 +1328,7 @@ class FpsStore(SegmentStore):
         segments, unwritten, ripe = self._segments, self._unwritten, self._ripe
         write_bytes, cache_add = self._segment_write_bytes, self._cache.add
         records = batch_bytes = frame_bytes = 0
-        done: list[_Append] = []
+        done: list[tuple[OnDone[Entry], asyncio.Future[Entry]]] = []
         for request, frame in zip(group, result.frames, strict=True):
             sid = request.segment_id
             segment = segments[sid]
@@ -1345,7 +1346,7 @@ class FpsStore(SegmentStore):
             if not request.future.done():
                 request.future.set_result(entry)
                 if request.on_done is not None:
-                    done.append(request)
+                    done.append((request.on_done, request.future))
             records += request.record_count
             batch_bytes += len(request.batch)
         self._unwritten_bytes += frame_bytes
@@ -1364,8 +1365,8 @@ class FpsStore(SegmentStore):
         self.stats.flush_s_total += flush_s
         self.stats.flush_s_buckets[bisect.bisect_left(FLUSH_SECONDS_BUCKETS, flush_s)] += 1
         self.stats.fsyncs += result.fsyncs
-        for request in done:  # the store's state is whole again: callers may look at it
-            call_done(request.on_done, request.future)  # type: ignore[arg-type]  # set if in done
+        for on_done, future in done:  # the store's state is whole again: callers may look at it
+            call_done(on_done, future)
 
     # -- segment writes ----------------------------------------------------------------------------
 
